@@ -1,0 +1,1 @@
+"""reflact: the reflect stage of skill optimisation as a configured, logged experiment."""

@@ -1,0 +1,192 @@
+"""The config schema (dataclasses in Hydra's ConfigStore) and the checks Hydra can't express.
+
+Hydra rejects unknown keys and wrong types at compose time because every group merges into
+these typed nodes; `validate` adds the range and choice checks and names the key at fault.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Dict, Optional
+
+from reflact.errors import UserError
+from reflact.modes import normalize_mode
+
+
+class OnBadConversation(Enum):
+    error = "error"
+    skip = "skip"
+
+
+class AppendixSource(Enum):
+    both = "both"
+    failure_only = "failure_only"
+
+
+@dataclass
+class DataConfig:
+    dir: Optional[str] = None  # a dataset folder; the three paths below default into it
+    skill: Optional[str] = None
+    results: Optional[str] = None
+    predictions: Optional[str] = None
+    on_bad_conversation: OnBadConversation = OnBadConversation.error
+
+
+@dataclass
+class SkillAwareConfig:
+    enabled: bool = False
+    appendix_source: AppendixSource = AppendixSource.both
+
+
+@dataclass
+class ReflectConfig:
+    minibatch_size: int = 8
+    edit_budget: int = 4  # L < 0: no limit; L = 0 keeps no item
+    seed: int = 42
+    update_mode: str = "patch"
+    workers: int = 16
+    failure_only: bool = False
+    success_threshold: float = 1e-9
+    max_reasks: int = 2  # extra calls when a reply does not parse or validate
+    skill_aware: SkillAwareConfig = field(default_factory=SkillAwareConfig)
+    step_buffer: str = ""  # text, or a path to a .md/.txt file
+    meta_skill: str = ""  # text, or a path to a .md/.txt file
+
+
+@dataclass
+class PromptsConfig:
+    error: Optional[str] = None  # override of the failure template: text or a file path
+    success: Optional[str] = None
+
+
+@dataclass
+class Price:
+    """US dollars per million tokens."""
+
+    input: float = 0.0
+    cached_input: float = 0.0
+    output: float = 0.0
+
+
+@dataclass
+class RetryConfig:
+    max_attempts: int = 6
+    max_seconds: float = 900.0
+    initial_wait_s: float = 1.0
+    max_wait_s: float = 60.0
+
+
+@dataclass
+class OptimizerConfig:
+    model: str = "gpt-5"
+    base_url: Optional[str] = None
+    api_key_env: str = "OPENAI_API_KEY"  # the name of the variable, never the key
+    timeout_s: float = 600.0
+    max_output_tokens: int = 16384
+    max_output_tokens_full_rewrite: int = 64000
+    # OpenAI's reasoning models need max_completion_tokens; some older servers only know max_tokens
+    token_limit_param: str = "max_completion_tokens"
+    temperature: Optional[float] = None
+    reasoning_effort: Optional[str] = None
+    dry_run: bool = False  # build and save every prompt, estimate tokens and cost, call nothing
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    prices: Dict[str, Price] = field(default_factory=dict)
+
+
+@dataclass
+class MlflowConfig:
+    enabled: bool = True
+    tracking_uri: Optional[str] = None  # default: sqlite:///<launch dir>/outputs/mlflow.db
+    experiment: str = "reflact"
+
+
+@dataclass
+class ReflactConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    reflect: ReflectConfig = field(default_factory=ReflectConfig)
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+
+
+def register() -> None:
+    """Make the schema available to conf/config.yaml's defaults list, and `${project_dir:}`
+    to configs that name files shipped with the project (the demo dataset)."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    ConfigStore.instance().store(name="reflact_schema", node=ReflactConfig)
+    if not OmegaConf.has_resolver("project_dir"):
+        OmegaConf.register_new_resolver("project_dir", lambda: str(PROJECT_DIR))
+
+
+def validate(cfg: ReflactConfig) -> ReflactConfig:
+    """Range and choice checks; returns the config with the update mode's canonical name."""
+    r = cfg.reflect
+    _at_least(r.minibatch_size, 1, "reflect.minibatch_size")
+    _at_least(r.workers, 1, "reflect.workers")
+    _at_least(r.max_reasks, 0, "reflect.max_reasks")
+    o = cfg.optimizer
+    _at_least(o.max_output_tokens, 1, "optimizer.max_output_tokens")
+    _at_least(o.max_output_tokens_full_rewrite, 1, "optimizer.max_output_tokens_full_rewrite")
+    _at_least(o.retry.max_attempts, 1, "optimizer.retry.max_attempts")
+    if o.timeout_s <= 0:
+        raise UserError(f"optimizer.timeout_s must be > 0, got {o.timeout_s}")
+    if o.token_limit_param not in ("max_completion_tokens", "max_tokens"):
+        raise UserError(
+            "optimizer.token_limit_param must be max_completion_tokens or max_tokens, "
+            f"got {o.token_limit_param!r}"
+        )
+    if not o.model:
+        raise UserError("optimizer.model is empty: set the optimizer model's name")
+    r.update_mode = normalize_mode(r.update_mode)
+    d = cfg.data
+    if not d.dir and not (d.skill and d.results):
+        raise UserError("no dataset: set data.dir (or data.skill and data.results)")
+    return cfg
+
+
+def dataset_paths(data: DataConfig) -> tuple[Path, Path, Path]:
+    """(skill, results, predictions), explicit paths winning over those inside data.dir."""
+    base = Path(data.dir) if data.dir else None
+    skill = Path(data.skill) if data.skill else base / "skill.md"
+    if data.results:
+        results = Path(data.results)
+    else:
+        jsonl = base / "results.jsonl"
+        results = jsonl if jsonl.exists() or not (base / "results.json").exists() else base / "results.json"
+    if data.predictions:
+        predictions = Path(data.predictions)
+    else:
+        predictions = (base or results.parent) / "predictions"
+    return skill, results, predictions
+
+
+def _at_least(value: int, low: int, key: str) -> None:
+    if value < low:
+        raise UserError(f"{key} must be >= {low}, got {value}")
+
+
+def user_error_message(exc: BaseException) -> str | None:
+    """One line for a user mistake (ours, or Hydra's and OmegaConf's about the config); None for a bug."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(exc, UserError):
+        return str(exc)
+    cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else None
+    if isinstance(exc, OmegaConfBaseException):
+        cause = exc
+    if cause is not None:
+        key = getattr(cause, "full_key", None)
+        first = str(getattr(cause, "msg", None) or cause).strip().splitlines()[0]
+        return f"config: {key}: {first}" if key else f"config: {first}"
+    if isinstance(exc, HydraException):
+        text = str(exc).split("Config search path")[0]  # the search path only repeats our own folders
+        return "config: " + " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return None

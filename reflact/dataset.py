@@ -1,0 +1,184 @@
+"""Loading and checking a dataset folder (SPEC 1) before any optimizer call.
+
+Results are kept in memory (they are small); conversations are only checked here and read
+again when their minibatch is rendered, so memory does not grow with the dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reflact.config import DataConfig, OnBadConversation, dataset_paths
+from reflact.errors import UserError
+
+EXTRA_FILES = ("target_system_prompt", "target_user_prompt", "spreadsheet_preview")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class Result:
+    id: str
+    hard: float
+    fields: dict  # the whole line, for the prompt's task, reason, steps and extras
+
+
+@dataclass
+class Dataset:
+    skill: str
+    results: list[Result]  # sorted by id
+    predictions: Path
+    skipped: dict[str, str] = field(default_factory=dict)  # id -> why it is not shown
+
+    def conversation_path(self, run_id: str) -> Path:
+        return self.predictions / run_id / "conversation.json"
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    result: Result
+    conversation: list
+    extras: dict[str, str]
+
+
+def load_dataset(data: DataConfig) -> Dataset:
+    if data.dir and not Path(data.dir).is_dir():
+        raise UserError(f"data.dir: no such folder: {data.dir}")
+    skill_path, results_path, predictions = dataset_paths(data)
+    skill = read_text(skill_path, "data.skill")
+    results = load_results(results_path)
+    dataset = Dataset(skill=skill, results=results, predictions=predictions)
+    for result in results:
+        problem = check_conversation(dataset.conversation_path(result.id))
+        if problem is None:
+            continue
+        kind, message = problem
+        if kind == "bad" and data.on_bad_conversation is OnBadConversation.error:
+            raise UserError(f"{message} (set data.on_bad_conversation=skip to skip such runs)")
+        dataset.skipped[result.id] = message
+    return dataset
+
+
+def read_text(path: Path, key: str) -> str:
+    if not path.is_file():
+        raise UserError(f"{key}: no such file: {path}")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def load_results(path: Path) -> list[Result]:
+    text = read_text(path, "data.results")
+    if text.lstrip().startswith("["):
+        rows = _json_array_rows(text, path)
+    else:
+        rows = _jsonl_rows(text, path)
+    if not rows:
+        raise UserError(f"{path}: no results in the file")
+    seen: dict[str, int] = {}
+    results = []
+    for line, obj in rows:
+        result = _result(obj, f"{path}:{line}")
+        if result.id in seen:
+            raise UserError(f"{path}:{line}: duplicate id {result.id!r} (first on line {seen[result.id]})")
+        seen[result.id] = line
+        results.append(result)
+    return sorted(results, key=lambda r: r.id)
+
+
+def _jsonl_rows(text: str, path: Path) -> list[tuple[int, object]]:
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((number, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{number}: not JSON ({exc.msg} at column {exc.colno})") from None
+    return rows
+
+
+def _json_array_rows(text: str, path: Path) -> list[tuple[int, object]]:
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}:{exc.lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(items, list):
+        raise UserError(f"{path}: expected a JSON array of results")
+    # an array has no useful line numbers: name the item instead ("item 3")
+    return [(number, item) for number, item in enumerate(items, 1)]
+
+
+def _result(obj: object, where: str) -> Result:
+    if not isinstance(obj, dict):
+        raise UserError(f"{where}: a result must be a JSON object, got {type(obj).__name__}")
+    if "id" not in obj:
+        raise UserError(f"{where}: result has no 'id'")
+    run_id = check_id(obj["id"], where)
+    hard = obj.get("hard")
+    if isinstance(hard, bool) or not isinstance(hard, (int, float)) or not math.isfinite(hard):
+        got = "missing" if "hard" not in obj else repr(hard)
+        raise UserError(f"{where}: 'hard' must be a number (the run's score), got {got}")
+    return Result(id=run_id, hard=float(hard), fields=obj)
+
+
+def check_id(value: object, where: str) -> str:
+    """An id names a folder under predictions/: it must be one safe path component."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise UserError(f"{where}: 'id' must be a string, got {type(value).__name__}")
+    run_id = str(value)
+    if (
+        not run_id.strip()
+        or run_id in (".", "..")
+        or "/" in run_id
+        or "\\" in run_id
+        or _CONTROL.search(run_id)
+    ):
+        raise UserError(f"{where}: unsafe id {run_id!r} (it must be a single folder name)")
+    return run_id
+
+
+def check_conversation(path: Path) -> tuple[str, str] | None:
+    """None when usable; ("skip", why) when missing or empty; ("bad", why) when corrupt."""
+    if not path.is_file():
+        return "skip", "missing conversation"
+    try:
+        conversation = parse_conversation(path)
+    except ValueError as exc:
+        return "bad", str(exc)
+    if not conversation:
+        return "skip", "empty conversation"
+    return None
+
+
+def parse_conversation(path: Path) -> list:
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    if not text.strip():
+        return []
+    try:
+        conversation = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(conversation, list):
+        raise ValueError(f"{path}: a conversation must be a JSON list, got {type(conversation).__name__}")
+    return conversation
+
+
+def load_trajectory(dataset: Dataset, result: Result) -> Trajectory:
+    conversation = parse_conversation(dataset.conversation_path(result.id))
+    extras = {"reference_text": result.fields.get("reference_text")}
+    for key in EXTRA_FILES:
+        value = result.fields.get(key)
+        if not value:
+            extra = dataset.predictions / result.id / f"{key}.txt"
+            value = extra.read_text(encoding="utf-8", errors="replace") if extra.is_file() else ""
+        extras[key] = value
+    return Trajectory(result=result, conversation=conversation, extras=extras)

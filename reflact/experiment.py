@@ -1,0 +1,43 @@
+"""One experiment, end to end: inputs, the stage, the summary, then tracking."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from reflact.client import make_client
+from reflact.config import ReflactConfig
+from reflact.dataset import load_dataset
+from reflact.stage import Stage
+from reflact.summary import write_summary
+from reflact.tracking import log_run
+
+log = logging.getLogger("reflact")
+
+
+def run_experiment(cfg: ReflactConfig, params: dict, run_dir: Path, launch_dir: Path) -> dict:
+    """Everything that can be wrong with the inputs is found before the first call."""
+    started = time.monotonic()
+    dataset = load_dataset(cfg.data)
+    client = None if cfg.optimizer.dry_run else make_client(cfg.optimizer)
+    stage = Stage(cfg, dataset, client, run_dir)
+    if dataset.skipped:
+        log.info("skipping %d run(s) without a usable conversation: %s", len(dataset.skipped),
+                 ", ".join(sorted(dataset.skipped)[:10]) + (" ..." if len(dataset.skipped) > 10 else ""))
+    outcomes = stage.run()
+    summary = write_summary(run_dir, cfg, dataset, outcomes, stage.system.hashes(), time.monotonic() - started)
+    if cfg.mlflow.enabled:
+        log_run(cfg, params, summary, run_dir, launch_dir)
+    c = summary["counts"]
+    log.info(
+        "done: %d minibatches (%d new, %d reused, %d failed, %d skipped), %d calls, %d/%d %s kept, "
+        "%d tokens, $%.4f; outputs in %s",
+        c["minibatches"], c["minibatches_done"], c["minibatches_reused"], c["minibatches_failed"],
+        c["minibatches_skipped"], c["calls"], c["edits_kept"], c["edits_proposed"], stage.mode.label,
+        c["tokens_prompt"] + c["tokens_completion"], c["cost_usd"], run_dir,
+    )
+    if c["minibatches_failed"]:
+        log.warning("%d minibatch(es) failed; rerun with the same hydra.run.dir to redo only those",
+                    c["minibatches_failed"])
+    return summary

@@ -1,0 +1,100 @@
+"""The three update modes: their names and aliases, payload keys and item schemas (SPEC 4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from reflact.errors import UserError
+
+
+class Edit(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    op: Literal["append", "insert_after", "replace", "delete"]
+    target: Optional[str] = None
+    content: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _fields_for_op(self) -> "Edit":
+        if self.op in ("insert_after", "replace", "delete") and not self.target:
+            raise ValueError(f"op '{self.op}' needs a non-empty 'target'")
+        if self.op in ("append", "insert_after", "replace") and self.content is None:
+            raise ValueError(f"op '{self.op}' needs 'content'")
+        return self
+
+
+class Suggestion(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["add_rule", "remove_rule", "merge_rules", "reorganize", "compress", "clarify"]
+    title: str
+    motivation: str
+    instruction: str
+    priority_hint: Literal["high", "medium", "low"]
+
+
+class SkillCandidate(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    title: str
+    change_summary: list[str]
+    new_skill: str = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    payload_key: str
+    item: type[BaseModel]
+    label: str  # what the budget line counts, plural
+    budget_heading: str
+    template_suffix: str  # appended to the group's template name in prompts/
+    full_rewrite: bool = False
+
+
+MODES = {
+    "patch": Mode("patch", "edits", Edit, "edits", "Edit Budget", ""),
+    "rewrite_from_suggestions": Mode(
+        "rewrite_from_suggestions",
+        "revise_suggestions",
+        Suggestion,
+        "revise suggestions",
+        "Suggestion Budget",
+        "_rewrite",
+    ),
+    "full_rewrite_minibatch": Mode(
+        "full_rewrite_minibatch",
+        "skill_candidates",
+        SkillCandidate,
+        "skill candidates",
+        "Update Format",
+        "_full_rewrite",
+        full_rewrite=True,
+    ),
+}
+
+ALIASES = {
+    "edits": "patch",
+    "rewrite": "rewrite_from_suggestions",
+    "suggestions": "rewrite_from_suggestions",
+    "rewrite_suggestions": "rewrite_from_suggestions",
+    "full_rewrite": "full_rewrite_minibatch",
+    "minibatch_full_rewrite": "full_rewrite_minibatch",
+    "skill_rewrite_minibatch": "full_rewrite_minibatch",
+}
+
+
+def normalize_mode(name: str) -> str:
+    key = str(name).strip().lower()
+    key = ALIASES.get(key, key)
+    if key not in MODES:
+        known = ", ".join(sorted([*MODES, *ALIASES]))
+        raise UserError(f"reflect.update_mode: unknown mode {name!r} (known: {known})")
+    return key
+
+
+def get_mode(name: str) -> Mode:
+    return MODES[normalize_mode(name)]

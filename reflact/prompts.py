@@ -1,0 +1,113 @@
+"""The two messages of one optimizer call (SPEC 3): resolving templates, building the user message."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from reflact.config import AppendixSource, ReflectConfig
+from reflact.errors import UserError
+from reflact.modes import Mode
+from reflact.render import BLOCK_DIVIDER
+
+PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
+GROUP_TEMPLATE = {"failure": "analyst_error", "success": "analyst_success"}
+GROUP_HEADING = {"failure": "Failed Trajectories", "success": "Successful Trajectories"}
+_PATH_SUFFIXES = (".md", ".txt", ".markdown")
+
+
+@dataclass(frozen=True)
+class SystemPrompts:
+    failure: str
+    success: str
+    notes_allowed: dict[str, bool]  # group -> may the reply carry appendix_notes
+
+    def hashes(self) -> dict[str, str]:
+        return {"failure": content_hash(self.failure), "success": content_hash(self.success)}
+
+
+def content_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def text_or_file(value: str | None, key: str) -> str | None:
+    """A config value that is either inline text or a path to a text file.
+
+    A single line naming an existing file, or ending in .md/.txt, is a path (a missing one is
+    an error naming the key); anything else is the text itself.
+    """
+    if value is None:
+        return None
+    candidate = value.strip()
+    if candidate and "\n" not in candidate:
+        path = Path(candidate).expanduser()
+        if path.is_file():
+            try:
+                return path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise UserError(f"{key}: {path} is not UTF-8 text") from None
+        if candidate.lower().endswith(_PATH_SUFFIXES):
+            raise UserError(f"{key}: no such file: {candidate}")
+    return value
+
+
+def load_template(name: str, prompts_dir: Path = PROMPTS_DIR) -> str | None:
+    path = prompts_dir / f"{name}.md"
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def resolve_system_prompts(
+    overrides: dict[str, str | None], mode: Mode, reflect: ReflectConfig, prompts_dir: Path = PROMPTS_DIR
+) -> SystemPrompts:
+    """Override > the mode's own template > the group's base template; then skill-aware additions."""
+    skill_aware = reflect.skill_aware.enabled and not mode.full_rewrite
+    notes_allowed = {
+        "failure": skill_aware,
+        "success": skill_aware and reflect.skill_aware.appendix_source is AppendixSource.both,
+    }
+    texts = {}
+    for group, base in GROUP_TEMPLATE.items():
+        key = "prompts.error" if group == "failure" else "prompts.success"
+        text = text_or_file(overrides.get(group), key)
+        if text is None:
+            text = load_template(base + mode.template_suffix, prompts_dir) or load_template(base, prompts_dir)
+        if text is None:
+            raise UserError(f"{key}: no template {base}.md in {prompts_dir}")
+        if notes_allowed[group]:
+            addition = load_template(f"skill_aware_{'error' if group == 'failure' else 'success'}", prompts_dir)
+            text = f"{text.rstrip()}\n\n{addition.strip()}\n"
+        texts[group] = text
+    return SystemPrompts(failure=texts["failure"], success=texts["success"], notes_allowed=notes_allowed)
+
+
+def budget_section(mode: Mode, budget: int) -> str:
+    if mode.full_rewrite:
+        return (
+            f"## {mode.budget_heading}\n"
+            "Produce exactly one complete replacement skill candidate for this minibatch. "
+            "Do not output edits, patches or revise suggestions."
+        )
+    limit = "no fixed limit on the number of" if budget < 0 else f"at most L={budget}"
+    return f"## {mode.budget_heading}\nProduce {limit} {mode.label}."
+
+
+def meta_skill_section(meta_skill: str) -> str:
+    return (
+        "## Optimizer Meta Skill\n"
+        "Lessons about optimizing this skill, learned in earlier epochs. Prefer them only when "
+        "the evidence in this minibatch is ambiguous; the trajectories below take precedence.\n\n"
+        f"{meta_skill.strip()}"
+    )
+
+
+def user_message(
+    skill: str, mode: Mode, budget: int, group: str, blocks: list[str], step_buffer: str = "", meta_skill: str = ""
+) -> str:
+    sections = [f"## Current Skill\n{skill}", budget_section(mode, budget)]
+    if step_buffer.strip():
+        sections.append(f"## Previous Steps in This Epoch\n{step_buffer.strip()}")
+    if meta_skill.strip():
+        sections.append(meta_skill_section(meta_skill))
+    sections.append(f"## {GROUP_HEADING[group]} ({len(blocks)} total)\n\n" + BLOCK_DIVIDER.join(blocks))
+    return "\n\n".join(sections)

@@ -1,0 +1,89 @@
+"""Turning one run into its trajectory block of a prompt (SPEC 1.2 and 1.3).
+
+Everything that comes from a run is untrusted: multi-line text goes inside a backtick fence
+longer than any backtick run in it, so no line of it can close the fence and pass itself off
+as a heading or divider of the prompt; single-line values sit after a label, never at the
+start of a line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+BLOCK_DIVIDER = "\n\n---\n\n"
+
+OPTIONAL_SECTIONS = (
+    ("reference_text", "Hidden Reference"),
+    ("target_system_prompt", "Target System Prompt"),
+    ("target_user_prompt", "Target User Prompt"),
+    ("spreadsheet_preview", "Spreadsheet Preview"),
+)
+
+_BACKTICK_RUNS = re.compile(r"`+")
+
+
+def text_of(value: object) -> str:
+    """Missing values render as empty text; structured ones as compact JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def render_item(item: object) -> list[str]:
+    if not isinstance(item, dict):
+        return [f"[agent] {text_of(item)}"]
+    if item.get("type") == "tool_call":
+        return [f"[action] {text_of(item.get('cmd'))}", f"[obs] {text_of(item.get('obs'))}"]
+    if "action" in item and "env_feedback" in item:
+        step = text_of(item.get("step", "?")) or "?"
+        lines = []
+        reasoning = text_of(item.get("reasoning"))
+        if reasoning:
+            lines.append(f"[step {step} think] {reasoning}")
+        lines.append(f"[step {step} action] {text_of(item['action'])}")
+        lines.append(f"[step {step} obs] {text_of(item['env_feedback'])}")
+        return lines
+    if item.get("role") == "system":
+        return [f"[verification] {text_of(item.get('content'))}"]
+    role = text_of(item.get("role")) or "agent"
+    return [f"[{role}] {text_of(item.get('content'))}"]
+
+
+def render_conversation(conversation: list) -> str:
+    return "\n".join(line for item in conversation for line in render_item(item))
+
+
+def fence(text: str) -> str:
+    longest = max((len(run) for run in _BACKTICK_RUNS.findall(text)), default=0)
+    ticks = "`" * max(3, longest + 1)
+    return f"{ticks}text\n{text}\n{ticks}"
+
+
+def inline(value: object) -> str:
+    """A one-line field: newlines shown as the two characters \\n so it stays on its line."""
+    return text_of(value).replace("\r", "").replace("\n", "\\n")
+
+
+def render_block(position: int, total: int, run_id: str, result: dict, extras: dict[str, str], conversation: list) -> str:
+    """One trajectory block; `extras` holds the optional sections found beside the run."""
+    task = result.get("task_description") or result.get("instruction") or ""
+    task_type = result.get("task_type") or result.get("instruction_type") or ""
+    lines = [
+        f"### Trajectory {position} of {total} (id: {run_id})",
+        f"- Task: {inline(task)}",
+        f"- Task type: {inline(task_type)}",
+    ]
+    fail_reason = inline(result.get("fail_reason"))
+    if fail_reason.strip():
+        lines.append(f"- Failure reason: {fail_reason}")
+    n_turns = result.get("n_turns")
+    lines.append(f"- Steps: {'?' if n_turns is None else inline(n_turns)}")
+    for key, heading in OPTIONAL_SECTIONS:
+        value = text_of(extras.get(key)).strip()
+        if value:
+            lines += ["", f"#### {heading}", fence(value)]
+    lines += ["", "#### Trajectory", fence(render_conversation(conversation))]
+    return "\n".join(lines)

@@ -1,0 +1,269 @@
+"""The reflect stage (SPEC 2): split, shuffle, minibatches, one call each, patches on disk, resume."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from reflact.client import CallError, OptimizerClient, Usage
+from reflact.config import ReflactConfig
+from reflact.dataset import Dataset, Result, load_trajectory
+from reflact.files import read_json, write_json, write_text
+from reflact.modes import Mode, get_mode
+from reflact.parse import ParseError, extract_object
+from reflact.patches import CheckedReply, ReplyError, check_reply
+from reflact.prompts import SystemPrompts, resolve_system_prompts, text_or_file, user_message
+from reflact.render import render_block
+
+log = logging.getLogger("reflact")
+
+GROUP_TAG = {"failure": "fail", "success": "succ"}
+CHARS_PER_TOKEN = 4  # a rough, offline estimate for dry runs (no tokenizer download at run time)
+
+
+@dataclass(frozen=True)
+class Minibatch:
+    group: str  # "failure" or "success"
+    index: int
+    results: list[Result]
+
+    @property
+    def tag(self) -> str:
+        return f"minibatch_{GROUP_TAG[self.group]}_{self.index:03d}"
+
+
+@dataclass
+class Outcome:
+    """What happened to one minibatch; `status` is done, reused, failed, skipped or dry_run."""
+
+    tag: str
+    group: str
+    index: int
+    ids: list[str]
+    status: str = "done"
+    analysed: int = 0
+    skipped: int = 0
+    proposed: int = 0
+    kept: int = 0
+    calls: int = 0
+    failed_calls: int = 0
+    reasks: int = 0
+    retries: int = 0
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    parse: str = ""  # ok, or why the last reply was not usable
+    error: str = ""
+
+    @property
+    def truncated(self) -> int:
+        return self.proposed - self.kept
+
+
+def split(results: list[Result], threshold: float, failure_only: bool) -> tuple[list[Result], list[Result]]:
+    failures = [r for r in results if r.hard < threshold]
+    successes = [] if failure_only else [r for r in results if r.hard >= threshold]
+    return failures, successes
+
+
+def shuffled(items: list, seed: int) -> list:
+    """A permutation that depends on the seed only, never on M, so smaller M refines larger M."""
+    order = list(items)
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def chunks(items: list, size: int) -> list[list]:
+    return [items[start : start + size] for start in range(0, len(items), size)]
+
+
+def plan_minibatches(results: list[Result], cfg: ReflactConfig) -> list[Minibatch]:
+    r = cfg.reflect
+    failures, successes = split(results, r.success_threshold, r.failure_only)
+    plan = [Minibatch("failure", i, b) for i, b in enumerate(chunks(shuffled(failures, r.seed), r.minibatch_size))]
+    plan += [Minibatch("success", i, b) for i, b in enumerate(chunks(shuffled(successes, r.seed + 1), r.minibatch_size))]
+    return plan
+
+
+def fingerprint(cfg: ReflactConfig, messages: list[dict]) -> str:
+    """Everything that shapes the call: model, mode, L, decoding settings, and both messages
+    (which hold the templates, the skill, the contexts and the trajectories)."""
+    o = cfg.optimizer
+    shape = {
+        "model": o.model,
+        "mode": cfg.reflect.update_mode,
+        "budget": cfg.reflect.edit_budget,
+        "temperature": o.temperature,
+        "reasoning_effort": o.reasoning_effort,
+        "messages": messages,
+    }
+    return hashlib.sha256(json.dumps(shape, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def reask_message(error: str) -> str:
+    return (
+        f"Your reply could not be used: {error}.\n"
+        "Reply again with only the one JSON object, in the format the system prompt describes."
+    )
+
+
+class Stage:
+    """One run of the reflect stage over a dataset, writing into `run_dir`."""
+
+    def __init__(self, cfg: ReflactConfig, dataset: Dataset, client: OptimizerClient | None, run_dir: Path) -> None:
+        self.cfg = cfg
+        self.dataset = dataset
+        self.client = client
+        self.mode: Mode = get_mode(cfg.reflect.update_mode)
+        self.patches_dir = run_dir / "patches"
+        self.calls_dir = run_dir / "calls"
+        # resolved before any call, so a bad override path stops the run with nothing spent
+        overrides = {"failure": cfg.prompts.error, "success": cfg.prompts.success}
+        self.system: SystemPrompts = resolve_system_prompts(overrides, self.mode, cfg.reflect)
+        self.step_buffer = text_or_file(cfg.reflect.step_buffer, "reflect.step_buffer") or ""
+        self.meta_skill = text_or_file(cfg.reflect.meta_skill, "reflect.meta_skill") or ""
+        self.price = cfg.optimizer.prices.get(cfg.optimizer.model)
+
+    @property
+    def max_output_tokens(self) -> int:
+        o = self.cfg.optimizer
+        return o.max_output_tokens_full_rewrite if self.mode.full_rewrite else o.max_output_tokens
+
+    def run(self) -> list[Outcome]:
+        plan = plan_minibatches(self.dataset.results, self.cfg)
+        r = self.cfg.reflect
+        n_fail = sum(1 for mb in plan if mb.group == "failure")
+        log.info(
+            "reflect: %d minibatches (%d failure, %d success), M=%d L=%d mode=%s workers=%d%s",
+            len(plan), n_fail, len(plan) - n_fail, r.minibatch_size, r.edit_budget, self.mode.name,
+            r.workers, " (dry run: no calls)" if self.client is None else "",
+        )
+        self.patches_dir.mkdir(parents=True, exist_ok=True)
+        outcomes: dict[str, Outcome] = {}
+        lock = threading.Lock()
+        with ThreadPoolExecutor(max_workers=r.workers) as pool:
+            futures = {pool.submit(self.process, mb): mb for mb in plan}
+            for future in as_completed(futures):
+                outcome = future.result()
+                with lock:
+                    outcomes[outcome.tag] = outcome
+                    self._progress(outcome, len(outcomes), len(plan))
+        return [outcomes[mb.tag] for mb in plan]  # failures by index, then successes
+
+    def _progress(self, o: Outcome, done: int, total: int) -> None:
+        detail = {
+            "done": f"{o.kept}/{o.proposed} {self.mode.label} kept",
+            "reused": "reused saved patch",
+            "skipped": "no trajectories to show",
+            "dry_run": f"~{o.usage.prompt} prompt tokens",
+            "failed": f"FAILED: {o.error}",
+        }[o.status]
+        extras = f", {o.reasks} re-ask(s)" if o.reasks else ""
+        extras += f", {o.retries} retr{'y' if o.retries == 1 else 'ies'}" if o.retries else ""
+        log.info("[%*d/%d] %s (%d trajs): %s%s", len(str(total)), done, total, o.tag, o.analysed, detail, extras)
+
+    def process(self, mb: Minibatch) -> Outcome:
+        ids = [r.id for r in mb.results]
+        outcome = Outcome(tag=mb.tag, group=mb.group, index=mb.index, ids=ids)
+        shown = [r for r in mb.results if r.id not in self.dataset.skipped]
+        outcome.skipped = len(ids) - len(shown)
+        outcome.analysed = len(shown)
+        if not shown:
+            outcome.status = "skipped"
+            return outcome
+        messages = self._messages(mb.group, shown)
+        fp = fingerprint(self.cfg, messages)
+        patch_path = self.patches_dir / f"{mb.tag}.json"
+        saved = read_json(patch_path)
+        if isinstance(saved, dict) and saved.get("fingerprint") == fp:
+            outcome.status = "reused"
+            outcome.proposed = int(saved.get("n_proposed", 0))
+            outcome.kept = len((saved.get("patch") or {}).get(self.mode.payload_key) or [])
+            outcome.parse = "ok"
+            return outcome
+        call_dir = self.calls_dir / mb.tag
+        for old in call_dir.glob("reply_*.txt"):  # replies of an earlier, stale attempt
+            old.unlink()
+        write_text(call_dir / "system.md", messages[0]["content"])
+        write_text(call_dir / "user.md", messages[1]["content"])
+        if self.client is None:
+            outcome.status = "dry_run"
+            outcome.usage = Usage(prompt=sum(len(m["content"]) for m in messages) // CHARS_PER_TOKEN)
+            outcome.cost_usd = outcome.usage.cost_usd(self.price)
+        else:
+            checked = self._call(mb, messages, outcome, call_dir)
+            if checked is not None:
+                patch = {
+                    **checked.obj,
+                    "source_type": mb.group,
+                    "trajectory_ids": ids,
+                    "n_analysed": len(shown),
+                    "n_proposed": checked.proposed,
+                    "fingerprint": fp,
+                }
+                write_json(patch_path, patch)
+        write_json(call_dir / "outcome.json", asdict(outcome))
+        return outcome
+
+    def _messages(self, group: str, shown: list[Result]) -> list[dict]:
+        blocks = []
+        for position, result in enumerate(shown, 1):
+            t = load_trajectory(self.dataset, result)
+            blocks.append(render_block(position, len(shown), result.id, result.fields, t.extras, t.conversation))
+        system = self.system.failure if group == "failure" else self.system.success
+        user = user_message(
+            self.dataset.skill, self.mode, self.cfg.reflect.edit_budget, group, blocks, self.step_buffer, self.meta_skill
+        )
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+    def _call(self, mb: Minibatch, messages: list[dict], outcome: Outcome, call_dir: Path) -> CheckedReply | None:
+        """One call plus at most `reflect.max_reasks` re-asks; None when it finally failed."""
+        conversation = list(messages)
+        started = time.monotonic()
+        try:
+            for attempt in range(self.cfg.reflect.max_reasks + 1):
+                try:
+                    reply = self.client.complete(conversation, self.max_output_tokens)
+                except CallError as exc:
+                    outcome.retries += exc.retries
+                    outcome.failed_calls += 1
+                    outcome.status, outcome.error = "failed", exc.cause
+                    return None
+                outcome.calls += 1
+                outcome.retries += reply.retries
+                outcome.usage.add(reply.usage)
+                write_text(call_dir / f"reply_{attempt + 1}.txt", reply.text)
+                try:
+                    if reply.finish_reason == "length":
+                        raise ParseError("the reply was cut off at the output-token limit; reply more briefly")
+                    checked = check_reply(
+                        extract_object(reply.text),
+                        self.mode,
+                        mb.group,
+                        self.cfg.reflect.edit_budget,
+                        self.system.notes_allowed[mb.group],
+                    )
+                except (ParseError, ReplyError) as exc:
+                    outcome.parse = str(exc)
+                    conversation += [
+                        {"role": "assistant", "content": reply.text},
+                        {"role": "user", "content": reask_message(str(exc))},
+                    ]
+                    continue
+                outcome.reasks = attempt
+                outcome.parse = "ok"
+                outcome.proposed, outcome.kept = checked.proposed, checked.kept
+                return checked
+            outcome.reasks = self.cfg.reflect.max_reasks
+            outcome.status, outcome.error = "failed", f"no usable reply: {outcome.parse}"
+            return None
+        finally:
+            outcome.latency_s = round(time.monotonic() - started, 3)
+            outcome.cost_usd = outcome.usage.cost_usd(self.price)

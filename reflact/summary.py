@@ -1,0 +1,89 @@
+"""The run's summary.json: settings, counts, one record per minibatch, and every kept item."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from reflact.client import Usage
+from reflact.config import ReflactConfig
+from reflact.dataset import Dataset
+from reflact.files import read_json, write_json
+from reflact.modes import get_mode
+from reflact.stage import Outcome, split
+
+
+def settings(cfg: ReflactConfig, template_hashes: dict[str, str]) -> dict:
+    r = cfg.reflect
+    return {
+        "minibatch_size": r.minibatch_size,
+        "edit_budget": r.edit_budget,
+        "seed": r.seed,
+        "update_mode": r.update_mode,
+        "model": cfg.optimizer.model,
+        "workers": r.workers,
+        "failure_only": r.failure_only,
+        "skill_aware": r.skill_aware.enabled,
+        "template_hashes": template_hashes,
+    }
+
+
+def counts(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], wall_time_s: float) -> dict:
+    failures, successes = split(dataset.results, cfg.reflect.success_threshold, cfg.reflect.failure_only)
+    usage = Usage()
+    for o in outcomes:
+        usage.add(o.usage)
+    by_status = {status: sum(1 for o in outcomes if o.status == status) for status in
+                 ("done", "reused", "failed", "skipped", "dry_run")}
+    return {
+        "results": len(dataset.results),
+        "failures": len(failures),
+        "successes": len(successes),
+        "skipped": len(dataset.skipped),
+        "minibatches": len(outcomes),
+        "minibatches_done": by_status["done"],
+        "minibatches_reused": by_status["reused"],
+        "minibatches_failed": by_status["failed"],
+        "minibatches_skipped": by_status["skipped"],
+        "minibatches_dry_run": by_status["dry_run"],
+        "calls": sum(o.calls for o in outcomes),
+        "failed_calls": sum(o.failed_calls for o in outcomes),
+        "reasks": sum(o.reasks for o in outcomes),
+        "retries": sum(o.retries for o in outcomes),
+        "edits_proposed": sum(o.proposed for o in outcomes),
+        "edits_kept": sum(o.kept for o in outcomes),
+        "edits_truncated": sum(o.truncated for o in outcomes),
+        "tokens_prompt": usage.prompt,
+        "tokens_cached": usage.cached,
+        "tokens_completion": usage.completion,
+        "tokens_reasoning": usage.reasoning,
+        "cost_usd": round(sum(o.cost_usd for o in outcomes), 6),
+        "wall_time_s": round(wall_time_s, 3),
+    }
+
+
+def kept_items(cfg: ReflactConfig, patches_dir: Path, outcomes: list[Outcome]) -> list[dict]:
+    """Every kept item with its minibatch and trajectory ids, read back from the saved patches."""
+    key = get_mode(cfg.reflect.update_mode).payload_key
+    rows = []
+    for o in outcomes:
+        patch = read_json(patches_dir / f"{o.tag}.json")
+        if o.status not in ("done", "reused") or not isinstance(patch, dict):
+            continue
+        for position, item in enumerate((patch.get("patch") or {}).get(key) or []):
+            rows.append({"minibatch": o.tag, "position": position, "trajectory_ids": o.ids, "item": item})
+    return rows
+
+
+def write_summary(
+    run_dir: Path, cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], template_hashes: dict, wall_time_s: float
+) -> dict:
+    summary = {
+        "settings": settings(cfg, template_hashes),
+        "counts": counts(cfg, dataset, outcomes, wall_time_s),
+        "skipped": dataset.skipped,
+        "minibatches": [{**asdict(o), "truncated": o.truncated} for o in outcomes],
+        "kept_items": kept_items(cfg, run_dir / "patches", outcomes),
+    }
+    write_json(run_dir / "summary.json", summary)
+    return summary

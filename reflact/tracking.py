@@ -1,0 +1,119 @@
+"""Logging a finished run dir to MLflow: params, metrics, per-minibatch series, artifacts.
+
+It reads only what the stage already wrote locally, so a tracking failure never costs a
+paid-for reply: the run dir stays complete and the run ends with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from reflact.config import ReflactConfig
+from reflact.modes import MODES
+
+log = logging.getLogger("reflact")
+
+PARAM_MAX_CHARS = 500  # long texts (step buffer, meta skill) go in as artifacts, not params
+MINIBATCH_METRICS = ("analysed", "skipped", "proposed", "kept", "truncated", "calls", "failed_calls", "reasks",
+                     "retries", "cost_usd", "latency_s")
+
+
+def default_tracking_uri(launch_dir: Path) -> str:
+    return f"sqlite:///{(launch_dir / 'outputs' / 'mlflow.db').resolve()}"
+
+
+def flatten(tree: object, prefix: str = "") -> dict[str, str]:
+    if isinstance(tree, dict):
+        out: dict[str, str] = {}
+        for key, value in tree.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    text = "" if tree is None else str(tree)
+    if len(text) > PARAM_MAX_CHARS:
+        text = text[: PARAM_MAX_CHARS - 1] + "…"
+    return {prefix.rstrip("."): text}
+
+
+def run_metrics(summary: dict) -> dict[str, float]:
+    s = summary["settings"]
+    metrics = {
+        "M": s["minibatch_size"],
+        "L": s["edit_budget"],
+        "seed": s["seed"],
+        "mode": list(MODES).index(s["update_mode"]),  # 0 patch, 1 rewrite, 2 full rewrite
+    }
+    metrics.update({k: float(v) for k, v in summary["counts"].items()})
+    return metrics
+
+
+def minibatch_series(summary: dict) -> list[tuple[str, float, int]]:
+    """(key, value, step) for every minibatch, step = its position in the run's order."""
+    rows = []
+    for step, mb in enumerate(summary["minibatches"]):
+        for key in MINIBATCH_METRICS:
+            rows.append((f"minibatch/{key}", float(mb[key]), step))
+        for key, value in mb["usage"].items():
+            rows.append((f"minibatch/tokens_{key}", float(value), step))
+    return rows
+
+
+def log_run(cfg: ReflactConfig, params: dict, summary: dict, run_dir: Path, launch_dir: Path) -> str | None:
+    """Log the run; returns its MLflow run id, or None (with a warning) when tracking failed."""
+    uri = cfg.mlflow.tracking_uri or default_tracking_uri(launch_dir)
+    try:
+        return _log(uri, cfg.mlflow.experiment, params, summary, run_dir, launch_dir)
+    except Exception as exc:  # noqa: BLE001 - tracking must never lose the local results
+        log.warning("MLflow logging to %s failed (%s); the run's outputs are complete in %s", uri, exc, run_dir)
+        return None
+
+
+def _log(uri: str, experiment: str, params: dict, summary: dict, run_dir: Path, launch_dir: Path) -> str:
+    import mlflow
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is not None:
+        experiment_id = found.experiment_id
+    else:
+        # a local sqlite store keeps its artifacts beside it under outputs/, not in ./mlruns
+        location = (launch_dir / "outputs" / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") else None
+        experiment_id = client.create_experiment(experiment, artifact_location=location)
+    run = client.create_run(experiment_id, run_name=run_dir.name, tags={"reflact.run_dir": str(run_dir)})
+    run_id = run.info.run_id
+    status = "FAILED"
+    try:
+        items = [Param(k, v) for k, v in flatten(params).items()]
+        items += [Param(f"template_hash.{g}", h) for g, h in summary["settings"]["template_hashes"].items()]
+        for start in range(0, len(items), 100):
+            client.log_batch(run_id, params=items[start : start + 100])
+        now = int(mlflow.utils.time.get_current_time_millis())
+        metrics = [Metric(k, v, now, 0) for k, v in run_metrics(summary).items()]
+        metrics += [Metric(k, v, now, step) for k, v, step in minibatch_series(summary)]
+        for start in range(0, len(metrics), 1000):
+            client.log_batch(run_id, metrics=metrics[start : start + 1000])
+        for name in ("patches", "calls"):
+            if (run_dir / name).is_dir():
+                client.log_artifacts(run_id, str(run_dir / name), name)
+        for name in ("summary.json", ".hydra/config.yaml", ".hydra/overrides.yaml"):
+            if (run_dir / name).is_file():
+                client.log_artifact(run_id, str(run_dir / name), "run" if "/" not in name else "run/hydra")
+        if summary["kept_items"]:
+            client.log_table(run_id, _kept_table(summary["kept_items"]), "kept_items.json")
+        status = "FINISHED"
+    finally:
+        client.set_terminated(run_id, status)
+    return run_id
+
+
+def _kept_table(rows: list[dict]) -> dict[str, list]:
+    import json
+
+    return {
+        "minibatch": [r["minibatch"] for r in rows],
+        "position": [r["position"] for r in rows],
+        "trajectory_ids": [", ".join(r["trajectory_ids"]) for r in rows],
+        "item": [json.dumps(r["item"], ensure_ascii=False) for r in rows],
+    }

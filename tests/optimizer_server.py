@@ -1,0 +1,127 @@
+"""A small OpenAI-compatible chat server on 127.0.0.1: the tests' own optimizer double.
+
+By default it answers every call with a valid reply for the mode it reads off the user
+message, proposing L + 2 items so the budget cut shows. Tests inject faults by setting
+`script`: a function (request body, call number) -> Response, or None for the default.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Response:
+    status: int = 200
+    body: object = None  # dict -> JSON; str -> sent as is
+    headers: dict = field(default_factory=dict)
+    delay_s: float = 0.0
+
+
+def chat_body(text: str, finish_reason: str = "stop", prompt_tokens: int = 100, completion_tokens: int = 50) -> dict:
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": "test-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": 20},
+            "completion_tokens_details": {"reasoning_tokens": 10},
+        },
+    }
+
+
+def default_reply(request: dict) -> dict:
+    """A valid reply object for the request's mode and group, with L + 2 items."""
+    user = request["messages"][1]["content"]
+    group_failure = "## Failed Trajectories" in user
+    budget = re.search(r"at most L=(\d+)", user)
+    n = int(budget.group(1)) + 2 if budget else 3
+    ids = re.findall(r"^### Trajectory \d+ of \d+ \(id: (.+)\)$", user, re.M)
+    if "## Update Format" in user:
+        patch = {"reasoning": "one candidate", "skill_candidates": [
+            {"title": "Rewrite", "change_summary": ["tightened rules"], "new_skill": "# Skill\n- be careful\n"}]}
+    elif "## Suggestion Budget" in user:
+        patch = {"reasoning": "suggestions", "revise_suggestions": [
+            {"type": "clarify", "title": f"s{i}", "motivation": "seen often", "instruction": "say it plainly",
+             "priority_hint": "high"} for i in range(n)]}
+    else:
+        patch = {"reasoning": "edits", "edits": [
+            {"op": "append", "content": f"- rule {i} from {', '.join(ids)}"} for i in range(n)]}
+    summary_key = "failure_summary" if group_failure else "success_patterns"
+    reply = {summary_key: [{"pattern": "p", "trajectories": ids}], "patch": patch}
+    if "## Skill-Aware Reflection" in request["messages"][0]["content"]:
+        reply["appendix_notes"] = ["Follow the verification rule.", {"note": "Check units."}, ""]
+    return reply
+
+
+class OptimizerServer:
+    def __init__(self, script=None) -> None:
+        self.script = script
+        self.requests: list[dict] = []
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # keep test output clean
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", 0))
+                request = json.loads(self.rfile.read(length) or b"{}")
+                with server._lock:
+                    server.requests.append(request)
+                    number = len(server.requests)
+                response = (server.script(request, number) if server.script else None) or Response(
+                    body=chat_body(json.dumps(default_reply(request)))
+                )
+                if response.delay_s:
+                    time.sleep(response.delay_s)
+                payload = response.body if isinstance(response.body, str) else json.dumps(response.body)
+                data = payload.encode("utf-8")
+                try:
+                    self.send_response(response.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    for key, value in response.headers.items():
+                        self.send_header(key, value)
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a timeout test)
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+    def __enter__(self) -> "OptimizerServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+
+if __name__ == "__main__":  # a manual run: serve until interrupted
+    with OptimizerServer() as s:
+        print(s.base_url, flush=True)
+        threading.Event().wait()
