@@ -130,7 +130,7 @@ def is_transient(exc: BaseException) -> bool:
 
 def wait_after(initial: float, maximum: float):
     """Wait what the server's Retry-After says, else exponential backoff with jitter."""
-    backoff = wait_exponential_jitter(initial=initial, max=maximum)
+    backoff = wait_exponential_jitter(multiplier=initial, jitter=initial, max=maximum)
 
     def wait(state: RetryCallState) -> float:
         hinted = retry_after_s(state.outcome.exception()) if state.outcome else None

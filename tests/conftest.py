@@ -1,0 +1,110 @@
+"""Shared fixtures: a loopback optimizer server, generated datasets, configs, a migrated MLflow store."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from reflact import config as reflact_config
+from tests.optimizer_server import OptimizerServer
+
+PROJECT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+SKILL = """# Support skill
+
+## Orders
+- Look up the order before acting on it.
+- Amounts passed to refund() are in cents.
+
+<!-- SLOW_UPDATE_START -->
+- Never refund an order with an open dispute.
+<!-- SLOW_UPDATE_END -->
+"""
+
+
+def write_dataset(root: Path, n_fail: int, n_succ: int, seed: int = 0, missing: int = 0, empty: int = 0) -> Path:
+    """A dataset folder with the given numbers of failed and successful runs (results shuffled on disk).
+
+    The first `missing` runs have no conversation folder, the next `empty` an empty list.
+    """
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "skill.md").write_text(SKILL, encoding="utf-8")
+    rows = []
+    for i in range(n_fail + n_succ):
+        run_id = f"run_{i:05d}"
+        failed = i < n_fail
+        rows.append({
+            "id": run_id,
+            "hard": 0 if failed else 1,
+            "task_description": f"Task number {i}",
+            "task_type": "support",
+            "fail_reason": "wrong refund amount" if failed else "",
+            "n_turns": 3,
+        })
+        if i < missing:
+            continue
+        conv = [] if i < missing + empty else [
+            {"role": "user", "content": f"Please help with order {i}"},
+            {"type": "tool_call", "cmd": f"lookup_order({i})", "obs": "status: shipped"},
+            {"role": "assistant", "content": "Done."},
+        ]
+        folder = root / "predictions" / run_id
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "conversation.json").write_text(json.dumps(conv), encoding="utf-8")
+    rng.shuffle(rows)
+    (root / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return root
+
+
+def make_config(*overrides: str) -> reflact_config.ReflactConfig:
+    """The typed, validated config Hydra composes from conf/ with these overrides."""
+    reflact_config.register()
+    with initialize_config_dir(config_dir=str(PROJECT / "conf"), version_base="1.3"):
+        dict_cfg = compose(config_name="config", overrides=list(overrides))
+    return reflact_config.validate(OmegaConf.to_object(dict_cfg))
+
+
+@pytest.fixture
+def server():
+    with OptimizerServer() as srv:
+        yield srv
+
+
+@pytest.fixture(scope="session")
+def migrated_store(tmp_path_factory) -> Path:
+    """One MLflow sqlite store migrated once; tests copy it (a fresh store takes seconds)."""
+    import mlflow
+
+    path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    mlflow.MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def launch_dir(tmp_path, migrated_store) -> Path:
+    """A launch directory whose outputs/mlflow.db is already migrated."""
+    outputs = tmp_path / "launch" / "outputs"
+    outputs.mkdir(parents=True)
+    shutil.copy(migrated_store, outputs / "mlflow.db")
+    return tmp_path / "launch"
+
+
+def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    """`python -m reflact.run ARGS` in a subprocess, as a user types it."""
+    full_env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", **(env or {})}
+    full_env.pop("OPENAI_API_KEY", None) if env is None or "OPENAI_API_KEY" not in env else None
+    return subprocess.run(
+        [sys.executable, "-m", "reflact.run", *args],
+        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )
