@@ -6,7 +6,6 @@ import hashlib
 import json
 import logging
 import random
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -147,14 +146,12 @@ class Stage:
         )
         self.patches_dir.mkdir(parents=True, exist_ok=True)
         outcomes: dict[str, Outcome] = {}
-        lock = threading.Lock()
         with ThreadPoolExecutor(max_workers=r.workers) as pool:
-            futures = {pool.submit(self.process, mb): mb for mb in plan}
+            futures = [pool.submit(self.process, mb) for mb in plan]
             for future in as_completed(futures):
                 outcome = future.result()
-                with lock:
-                    outcomes[outcome.tag] = outcome
-                    self._progress(outcome, len(outcomes), len(plan))
+                outcomes[outcome.tag] = outcome
+                self._progress(outcome, len(outcomes), len(plan))
         return [outcomes[mb.tag] for mb in plan]  # failures by index, then successes
 
     def _progress(self, o: Outcome, done: int, total: int) -> None:

@@ -75,6 +75,14 @@ class OptimizerServer:
             def log_message(self, *args) -> None:  # keep test output clean
                 pass
 
+            def do_GET(self) -> None:  # GET /stats: how many chat requests so far (manual checks)
+                data = json.dumps({"requests": server.count}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
                 request = json.loads(self.rfile.read(length) or b"{}")
@@ -121,7 +129,7 @@ class OptimizerServer:
             return len(self.requests)
 
 
-if __name__ == "__main__":  # a manual run: serve until interrupted
+if __name__ == "__main__":  # a manual run: `python -m tests.optimizer_server`, serves until interrupted
     with OptimizerServer() as s:
         print(s.base_url, flush=True)
         threading.Event().wait()
