@@ -1,11 +1,18 @@
-"""Calling the optimizer model over the OpenAI SDK, with tenacity as the one retry policy."""
+"""Calling the optimizer model over the OpenAI SDK.
+
+tenacity is the one retry policy (the SDK's own retries are off, or attempts multiply); the
+response cache answers repeated requests without a call; the rate limiter paces all workers.
+"""
 
 from __future__ import annotations
 
 import email.utils
+import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tenacity import (
     RetryCallState,
@@ -16,8 +23,13 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from reflact.config import OptimizerConfig, Price
+from reflact.cache import ResponseCache, cache_key
+from reflact.config import CacheMode, OptimizerConfig, Price, Provider, StructuredOutput
 from reflact.errors import UserError
+from reflact.ratelimit import RateLimiter
+
+log = logging.getLogger("reflact")
+CHARS_PER_TOKEN = 4  # a rough, offline estimate (no tokenizer download at run time)
 
 
 @dataclass
@@ -44,9 +56,13 @@ class Usage:
 class Reply:
     text: str
     finish_reason: str | None
-    usage: Usage
+    usage: Usage  # what this call cost now: zero for a cache hit
     latency_s: float
     retries: int = 0
+    from_cache: bool = False
+    structured: str = "off"  # what was sent as response_format
+    started_at: float = 0.0  # epoch seconds
+    cache_key: str = ""
 
 
 @dataclass
@@ -55,45 +71,43 @@ class CallError(Exception):
 
     cause: str
     retries: int = 0
-    usage: Usage = field(default_factory=Usage)
 
     def __str__(self) -> str:
         return self.cause
 
 
+def estimate_tokens(messages: list[dict]) -> int:
+    return sum(len(m["content"]) for m in messages) // CHARS_PER_TOKEN
+
+
 class OptimizerClient:
-    def __init__(self, cfg: OptimizerConfig, api_key: str) -> None:
-        from openai import OpenAI  # imported here: the SDK is slow to import and --help needs none of it
-
+    def __init__(self, cfg: OptimizerConfig, sdk: object, cache: ResponseCache | None = None) -> None:
         self.cfg = cfg
-        # tenacity is the retry policy; SDK retries on top would multiply the attempts
-        self._sdk = OpenAI(api_key=api_key, base_url=cfg.base_url, timeout=cfg.timeout_s, max_retries=0)
+        self._sdk = sdk
+        self.cache = cache
+        self._limiter = RateLimiter(cfg.rpm, cfg.tpm) if (cfg.rpm or cfg.tpm) else None
+        self._schema_rejected = threading.Event()  # `auto`: this server answered 400 to a JSON schema
 
-    def complete(self, messages: list[dict], max_output_tokens: int) -> Reply:
-        request = self._request(messages, max_output_tokens)
-        retrying = Retrying(
-            retry=retry_if_exception(is_transient),
-            stop=stop_after_attempt(self.cfg.retry.max_attempts) | stop_before_delay(self.cfg.retry.max_seconds),
-            wait=wait_after(self.cfg.retry.initial_wait_s, self.cfg.retry.max_wait_s),
-            reraise=True,
-        )
-        attempts = 0
-        try:
-            for attempt in retrying:
-                with attempt:
-                    attempts = attempt.retry_state.attempt_number
-                    started = time.monotonic()
-                    response = self._sdk.chat.completions.create(**request)
-        except Exception as exc:  # noqa: BLE001 - every SDK failure becomes a recorded failed call
-            raise CallError(describe_error(exc), retries=max(attempts - 1, 0)) from None
-        choice = response.choices[0] if response.choices else None
-        return Reply(
-            text=(choice.message.content or "") if choice else "",
-            finish_reason=choice.finish_reason if choice else None,
-            usage=usage_of(response),
-            latency_s=time.monotonic() - started,
-            retries=attempts - 1,
-        )
+    def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None) -> Reply:
+        logical = self._request(messages, max_output_tokens)
+        key = cache_key({**logical, "structured_output": self.cfg.structured_output.value,
+                         "schema": schema, "sample": self.cfg.sample})
+        hit = self.cache.get(key) if self.cache else None
+        if hit is not None:
+            return Reply(hit["text"], hit["finish_reason"], Usage(), 0.0, from_cache=True,
+                         structured=hit.get("structured", "off"), started_at=time.time(), cache_key=key)
+        if self._limiter:
+            self._limiter.acquire(estimate_tokens(messages) + max_output_tokens)
+        reply = self._call_with_retries(logical, schema)
+        reply.cache_key = key
+        if self.cache:
+            self.cache.put(key, {"text": reply.text, "finish_reason": reply.finish_reason,
+                                 "structured": reply.structured})
+        return reply
+
+    def forget(self, replies: list[Reply]) -> None:
+        if self.cache:
+            self.cache.forget([r.cache_key for r in replies if r.cache_key])
 
     def _request(self, messages: list[dict], max_output_tokens: int) -> dict:
         request = {"model": self.cfg.model, "messages": messages, self.cfg.token_limit_param: max_output_tokens}
@@ -104,8 +118,61 @@ class OptimizerClient:
             request["reasoning_effort"] = self.cfg.reasoning_effort
         return request
 
+    def _response_format(self, schema: dict | None) -> tuple[str, dict | None]:
+        setting = self.cfg.structured_output
+        if setting is StructuredOutput.json_object:
+            return "json_object", {"type": "json_object"}
+        wants_schema = setting is StructuredOutput.json_schema or (
+            setting is StructuredOutput.auto and not self._schema_rejected.is_set()
+        )
+        if wants_schema and schema is not None:
+            return "json_schema", {"type": "json_schema",
+                                   "json_schema": {"name": "reflect_reply", "schema": schema, "strict": False}}
+        return "off", None
 
-def make_client(cfg: OptimizerConfig, environ: dict | None = None) -> OptimizerClient:
+    def _call_with_retries(self, logical: dict, schema: dict | None) -> Reply:
+        import openai
+
+        retrying = Retrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(self.cfg.retry.max_attempts) | stop_before_delay(self.cfg.retry.max_seconds),
+            wait=wait_after(self.cfg.retry.initial_wait_s, self.cfg.retry.max_wait_s),
+            reraise=True,
+        )
+        attempts = 0
+        try:
+            for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    structured, response_format = self._response_format(schema)
+                    request = {**logical, "response_format": response_format} if response_format else logical
+                    started, wall = time.monotonic(), time.time()
+                    try:
+                        response = self._sdk.chat.completions.create(**request)
+                    except openai.BadRequestError:
+                        if structured != "json_schema" or self.cfg.structured_output is not StructuredOutput.auto:
+                            raise
+                        if not self._schema_rejected.is_set():
+                            self._schema_rejected.set()
+                            log.warning("the server rejected a JSON schema (HTTP 400); asking without one from now on")
+                        attempts += 1  # the rejected request counts as a retry
+                        structured, started, wall = "off", time.monotonic(), time.time()
+                        response = self._sdk.chat.completions.create(**logical)
+        except Exception as exc:  # noqa: BLE001 - every SDK failure becomes a recorded failed call
+            raise CallError(describe_error(exc), retries=max(attempts - 1, 0)) from None
+        choice = response.choices[0] if response.choices else None
+        return Reply(
+            text=(choice.message.content or "") if choice else "",
+            finish_reason=choice.finish_reason if choice else None,
+            usage=usage_of(response),
+            latency_s=time.monotonic() - started,
+            retries=attempts - 1,
+            structured=structured,
+            started_at=wall,
+        )
+
+
+def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: dict | None = None) -> OptimizerClient:
     """The one place a client is built from `optimizer.*`; the key comes from the environment."""
     environ = os.environ if environ is None else environ
     key = environ.get(cfg.api_key_env, "")
@@ -114,8 +181,20 @@ def make_client(cfg: OptimizerConfig, environ: dict | None = None) -> OptimizerC
             f"no optimizer key: set the environment variable {cfg.api_key_env} "
             "(or optimizer.base_url for a local OpenAI-compatible server)"
         )
+    import openai  # imported here: the SDK is slow to import and --help needs none of it
+
     # local servers usually ignore the key, but the SDK insists on one
-    return OptimizerClient(cfg, key or "not-needed")
+    common = {"api_key": key or "not-needed", "timeout": cfg.timeout_s, "max_retries": 0}
+    if cfg.provider is Provider.azure:
+        sdk = openai.AzureOpenAI(azure_endpoint=cfg.azure.endpoint, azure_deployment=cfg.azure.deployment,
+                                 api_version=cfg.azure.api_version, **common)
+    else:
+        sdk = openai.OpenAI(base_url=cfg.base_url, **common)
+    cache = None
+    if cfg.cache is not CacheMode.off:
+        path = Path(cfg.cache_path) if cfg.cache_path else launch_dir / "outputs" / "cache.db"
+        cache = ResponseCache(path, cfg.cache)
+    return OptimizerClient(cfg, sdk, cache)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -124,7 +203,7 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError)):
         return True
     if isinstance(exc, openai.APIStatusError):
-        return exc.status_code == 429 or exc.status_code >= 500
+        return exc.status_code in (408, 409, 429) or exc.status_code >= 500
     return False
 
 

@@ -25,6 +25,25 @@ class AppendixSource(Enum):
     failure_only = "failure_only"
 
 
+class StructuredOutput(Enum):
+    auto = "auto"  # send the JSON schema; a server answering 400 to it is asked without, for the rest of the run
+    json_schema = "json_schema"
+    json_object = "json_object"
+    off = "off"
+
+
+class CacheMode(Enum):
+    read_write = "read_write"
+    read = "read"
+    write = "write"
+    off = "off"
+
+
+class Provider(Enum):
+    openai = "openai"  # OpenAI or any OpenAI-compatible server at base_url
+    azure = "azure"
+
+
 @dataclass
 class DataConfig:
     dir: Optional[str] = None  # a dataset folder; the three paths below default into it
@@ -49,7 +68,8 @@ class ReflectConfig:
     workers: int = 16
     failure_only: bool = False
     success_threshold: float = 1e-9
-    max_reasks: int = 2  # extra calls when a reply does not parse or validate
+    max_reasks: int = 2  # extra calls when a reply does not parse, validate, or was cut off
+    allow_failed_minibatches: bool = True  # false: exit code 1 when a minibatch finally failed
     skill_aware: SkillAwareConfig = field(default_factory=SkillAwareConfig)
     step_buffer: str = ""  # text, or a path to a .md/.txt file
     meta_skill: str = ""  # text, or a path to a .md/.txt file
@@ -79,17 +99,34 @@ class RetryConfig:
 
 
 @dataclass
+class AzureConfig:
+    endpoint: Optional[str] = None  # https://<resource>.openai.azure.com
+    deployment: Optional[str] = None
+    api_version: str = "2024-10-21"
+
+
+@dataclass
 class OptimizerConfig:
     model: str = "gpt-5"
+    provider: Provider = Provider.openai
     base_url: Optional[str] = None
     api_key_env: str = "OPENAI_API_KEY"  # the name of the variable, never the key
+    azure: AzureConfig = field(default_factory=AzureConfig)
     timeout_s: float = 600.0
     max_output_tokens: int = 16384
     max_output_tokens_full_rewrite: int = 64000
+    max_output_tokens_ceiling: int = 128000  # a reply cut off by the limit is re-asked with twice the room, up to this
     # OpenAI's reasoning models need max_completion_tokens; some older servers only know max_tokens
     token_limit_param: str = "max_completion_tokens"
     temperature: Optional[float] = None
     reasoning_effort: Optional[str] = None
+    structured_output: StructuredOutput = StructuredOutput.auto
+    sample: int = 0  # part of the cache key: with temperature > 0, sample=1,2,... are fresh draws
+    cache: CacheMode = CacheMode.read_write
+    cache_path: Optional[str] = None  # default: <launch dir>/outputs/cache.db
+    max_cost_usd: Optional[float] = None  # once spent, no new call starts
+    rpm: Optional[int] = None  # requests per minute, shared by all workers of a run
+    tpm: Optional[int] = None  # tokens per minute (prompt estimate + output allowance)
     dry_run: bool = False  # build and save every prompt, estimate tokens and cost, call nothing
     retry: RetryConfig = field(default_factory=RetryConfig)
     prices: Dict[str, Price] = field(default_factory=dict)
@@ -98,6 +135,7 @@ class OptimizerConfig:
 @dataclass
 class MlflowConfig:
     enabled: bool = True
+    trace_calls: bool = False  # one MLflow trace per optimizer call, linked to the run
     tracking_uri: Optional[str] = None  # default: sqlite:///<launch dir>/outputs/mlflow.db
     experiment: str = "reflact"
 
@@ -135,6 +173,15 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     _at_least(o.max_output_tokens, 1, "optimizer.max_output_tokens")
     _at_least(o.max_output_tokens_full_rewrite, 1, "optimizer.max_output_tokens_full_rewrite")
     _at_least(o.retry.max_attempts, 1, "optimizer.retry.max_attempts")
+    _at_least(o.max_output_tokens_ceiling, max(o.max_output_tokens, o.max_output_tokens_full_rewrite),
+              "optimizer.max_output_tokens_ceiling")
+    for key in ("rpm", "tpm"):
+        if getattr(o, key) is not None:
+            _at_least(getattr(o, key), 1, f"optimizer.{key}")
+    if o.max_cost_usd is not None and o.max_cost_usd < 0:
+        raise UserError(f"optimizer.max_cost_usd must be >= 0, got {o.max_cost_usd}")
+    if o.provider is Provider.azure and not o.dry_run and not (o.azure.endpoint and o.azure.deployment):
+        raise UserError("optimizer.azure.endpoint and optimizer.azure.deployment must be set for provider azure")
     if o.timeout_s <= 0:
         raise UserError(f"optimizer.timeout_s must be > 0, got {o.timeout_s}")
     if o.token_limit_param not in ("max_completion_tokens", "max_tokens"):

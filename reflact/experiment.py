@@ -20,7 +20,7 @@ def run_experiment(cfg: ReflactConfig, params: dict, run_dir: Path, launch_dir: 
     """Everything that can be wrong with the inputs is found before the first call."""
     started = time.monotonic()
     dataset = load_dataset(cfg.data)
-    client = None if cfg.optimizer.dry_run else make_client(cfg.optimizer)
+    client = None if cfg.optimizer.dry_run else make_client(cfg.optimizer, launch_dir)
     stage = Stage(cfg, dataset, client, run_dir)
     if dataset.skipped:
         log.info("skipping %d run(s) without a usable conversation: %s", len(dataset.skipped),

@@ -98,3 +98,21 @@ def normalize_mode(name: str) -> str:
 
 def get_mode(name: str) -> Mode:
     return MODES[normalize_mode(name)]
+
+
+def reply_schema(mode: Mode, group: str, notes_allowed: bool) -> dict:
+    """The JSON schema of a reply, sent as structured output where the server supports it."""
+    summary_key = "failure_summary" if group == "failure" else "success_patterns"
+    item = mode.item.model_json_schema()
+    item.pop("title", None)
+    properties = {
+        summary_key: {"type": "array", "items": {"type": "object"}},
+        "patch": {
+            "type": "object",
+            "properties": {"reasoning": {"type": "string"}, mode.payload_key: {"type": "array", "items": item}},
+            "required": ["reasoning", mode.payload_key],
+        },
+    }
+    if notes_allowed:
+        properties["appendix_notes"] = {"type": "array", "items": {"type": "string"}}
+    return {"type": "object", "properties": properties, "required": [summary_key, "patch"]}

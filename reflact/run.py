@@ -22,10 +22,15 @@ def _job(dict_cfg: DictConfig) -> None:
     try:
         cfg = config.validate(OmegaConf.to_object(dict_cfg))
         params = OmegaConf.to_container(dict_cfg, resolve=True)
-        run_experiment(cfg, params, Path(HydraConfig.get().runtime.output_dir), Path(hydra.utils.get_original_cwd()))
+        summary = run_experiment(
+            cfg, params, Path(HydraConfig.get().runtime.output_dir), Path(hydra.utils.get_original_cwd())
+        )
     except Exception as exc:  # noqa: BLE001 - reported here, before Hydra wraps it in its own report
         _exit_if_user_error(exc)
         raise
+    if summary["counts"]["minibatches_failed"] and not cfg.reflect.allow_failed_minibatches:
+        print("reflact: some minibatches failed and reflect.allow_failed_minibatches=false", file=sys.stderr)
+        sys.exit(1)
 
 
 def main() -> None:

@@ -6,16 +6,17 @@ import hashlib
 import json
 import logging
 import random
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from reflact.client import CallError, OptimizerClient, Usage
+from reflact.client import CallError, OptimizerClient, Reply, Usage, estimate_tokens
 from reflact.config import ReflactConfig
 from reflact.dataset import Dataset, Result, load_trajectory
 from reflact.files import read_json, write_json, write_text
-from reflact.modes import Mode, get_mode
+from reflact.modes import Mode, get_mode, reply_schema
 from reflact.parse import ParseError, extract_object
 from reflact.patches import CheckedReply, ReplyError, check_reply
 from reflact.prompts import SystemPrompts, resolve_system_prompts, text_or_file, user_message
@@ -24,7 +25,8 @@ from reflact.render import render_block
 log = logging.getLogger("reflact")
 
 GROUP_TAG = {"failure": "fail", "success": "succ"}
-CHARS_PER_TOKEN = 4  # a rough, offline estimate for dry runs (no tokenizer download at run time)
+# a dry run's guess of a reply's length: edits or suggestions are short, a full rewrite is a whole skill
+DRY_RUN_REPLY_TOKENS = 1500
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,11 @@ class Minibatch:
 
 @dataclass
 class Outcome:
-    """What happened to one minibatch; `status` is done, reused, failed, skipped or dry_run."""
+    """What happened to one minibatch.
+
+    `status`: done, reused (a matching saved patch), failed, skipped (nothing to show),
+    not_run (the cost limit was reached) or dry_run.
+    """
 
     tag: str
     group: str
@@ -55,11 +61,13 @@ class Outcome:
     failed_calls: int = 0
     reasks: int = 0
     retries: int = 0
+    cache_hits: int = 0
     usage: Usage = field(default_factory=Usage)
     cost_usd: float = 0.0
     latency_s: float = 0.0
     parse: str = ""  # ok, or why the last reply was not usable
     error: str = ""
+    call_log: list[dict] = field(default_factory=list)  # one record per request or cache hit
 
     @property
     def truncated(self) -> int:
@@ -113,6 +121,25 @@ def reask_message(error: str) -> str:
     )
 
 
+class Spend:
+    """Dollars spent by the run so far, against `optimizer.max_cost_usd`; shared by the workers."""
+
+    def __init__(self, limit: float | None) -> None:
+        self.limit = limit
+        self.spent = 0.0
+        self.tokens = 0
+        self._lock = threading.Lock()
+
+    def allows_new_call(self) -> bool:
+        with self._lock:
+            return self.limit is None or self.spent < self.limit
+
+    def add(self, usage: Usage, cost: float) -> None:
+        with self._lock:
+            self.spent += cost
+            self.tokens += usage.prompt + usage.completion
+
+
 class Stage:
     """One run of the reflect stage over a dataset, writing into `run_dir`."""
 
@@ -129,6 +156,9 @@ class Stage:
         self.step_buffer = text_or_file(cfg.reflect.step_buffer, "reflect.step_buffer") or ""
         self.meta_skill = text_or_file(cfg.reflect.meta_skill, "reflect.meta_skill") or ""
         self.price = cfg.optimizer.prices.get(cfg.optimizer.model)
+        self.spend = Spend(cfg.optimizer.max_cost_usd)
+        self._in_flight = 0
+        self._lock = threading.Lock()
 
     @property
     def max_output_tokens(self) -> int:
@@ -151,20 +181,32 @@ class Stage:
             for future in as_completed(futures):
                 outcome = future.result()
                 outcomes[outcome.tag] = outcome
-                self._progress(outcome, len(outcomes), len(plan))
+                self._progress(outcome, list(outcomes.values()), len(plan))
+        if any(o.status == "not_run" for o in outcomes.values()):
+            log.warning("the cost limit optimizer.max_cost_usd=%s was reached: %d minibatch(es) not run",
+                        self.cfg.optimizer.max_cost_usd, sum(o.status == "not_run" for o in outcomes.values()))
         return [outcomes[mb.tag] for mb in plan]  # failures by index, then successes
 
-    def _progress(self, o: Outcome, done: int, total: int) -> None:
+    def _progress(self, o: Outcome, finished: list[Outcome], total: int) -> None:
         detail = {
             "done": f"{o.kept}/{o.proposed} {self.mode.label} kept",
             "reused": "reused saved patch",
             "skipped": "no trajectories to show",
             "dry_run": f"~{o.usage.prompt} prompt tokens",
             "failed": f"FAILED: {o.error}",
+            "not_run": "not run: cost limit reached",
         }[o.status]
         extras = f", {o.reasks} re-ask(s)" if o.reasks else ""
         extras += f", {o.retries} retr{'y' if o.retries == 1 else 'ies'}" if o.retries else ""
-        log.info("[%*d/%d] %s (%d trajs): %s%s", len(str(total)), done, total, o.tag, o.analysed, detail, extras)
+        extras += f", {o.cache_hits} from cache" if o.cache_hits else ""
+        failed = sum(1 for f in finished if f.status == "failed")
+        with self._lock:
+            in_flight = self._in_flight
+        log.info(
+            "[%*d/%d] %s (%d trajs): %s%s | failed %d, in flight %d, %s tokens, $%.4f",
+            len(str(total)), len(finished), total, o.tag, o.analysed, detail, extras,
+            failed, in_flight, f"{self.spend.tokens:,}", self.spend.spent,
+        )
 
     def process(self, mb: Minibatch) -> Outcome:
         ids = [r.id for r in mb.results]
@@ -191,9 +233,7 @@ class Stage:
         write_text(call_dir / "system.md", messages[0]["content"])
         write_text(call_dir / "user.md", messages[1]["content"])
         if self.client is None:
-            outcome.status = "dry_run"
-            outcome.usage = Usage(prompt=sum(len(m["content"]) for m in messages) // CHARS_PER_TOKEN)
-            outcome.cost_usd = outcome.usage.cost_usd(self.price)
+            self._estimate(outcome, messages)
         else:
             checked = self._call(mb, messages, outcome, call_dir)
             if checked is not None:
@@ -209,6 +249,14 @@ class Stage:
         write_json(call_dir / "outcome.json", asdict(outcome))
         return outcome
 
+    def _estimate(self, outcome: Outcome, messages: list[dict]) -> None:
+        """A dry run's figures: the prompt's tokens, a typical reply's, and their price."""
+        reply_tokens = DRY_RUN_REPLY_TOKENS + (len(self.dataset.skill) // 4 if self.mode.full_rewrite else 0)
+        outcome.status = "dry_run"
+        outcome.usage = Usage(prompt=estimate_tokens(messages), completion=reply_tokens)
+        outcome.cost_usd = outcome.usage.cost_usd(self.price)
+        self.spend.add(outcome.usage, outcome.cost_usd)
+
     def _messages(self, group: str, shown: list[Result]) -> list[dict]:
         blocks = []
         for position, result in enumerate(shown, 1):
@@ -221,30 +269,37 @@ class Stage:
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
     def _call(self, mb: Minibatch, messages: list[dict], outcome: Outcome, call_dir: Path) -> CheckedReply | None:
-        """One call plus at most `reflect.max_reasks` re-asks; None when it finally failed."""
+        """One call plus at most `reflect.max_reasks` re-asks; None when it finally failed.
+
+        A reply that does not parse or validate is re-asked with the error; one cut off by the
+        output-token limit is asked again with twice the allowance (up to the ceiling).
+        """
         conversation = list(messages)
+        allowance = self.max_output_tokens
+        schema = reply_schema(self.mode, mb.group, self.system.notes_allowed[mb.group])
+        replies: list[Reply] = []
         started = time.monotonic()
         try:
             for attempt in range(self.cfg.reflect.max_reasks + 1):
-                try:
-                    reply = self.client.complete(conversation, self.max_output_tokens)
-                except CallError as exc:
-                    outcome.retries += exc.retries
-                    outcome.failed_calls += 1
-                    outcome.status, outcome.error = "failed", exc.cause
+                if not self.spend.allows_new_call():
+                    outcome.status, outcome.error = "not_run", "cost limit reached"
                     return None
-                outcome.calls += 1
-                outcome.retries += reply.retries
-                outcome.usage.add(reply.usage)
+                reply = self._one_call(conversation, allowance, schema, outcome)
+                if reply is None:
+                    return None
+                replies.append(reply)
                 write_text(call_dir / f"reply_{attempt + 1}.txt", reply.text)
+                outcome.reasks = attempt
+                if reply.finish_reason == "length":
+                    if allowance >= self.cfg.optimizer.max_output_tokens_ceiling:
+                        outcome.parse = f"cut off at the output-token ceiling ({allowance})"
+                        continue
+                    allowance = min(2 * allowance, self.cfg.optimizer.max_output_tokens_ceiling)
+                    outcome.parse = f"cut off by the output-token limit; asking again with {allowance}"
+                    continue
                 try:
-                    if reply.finish_reason == "length":
-                        raise ParseError("the reply was cut off at the output-token limit; reply more briefly")
                     checked = check_reply(
-                        extract_object(reply.text),
-                        self.mode,
-                        mb.group,
-                        self.cfg.reflect.edit_budget,
+                        extract_object(reply.text), self.mode, mb.group, self.cfg.reflect.edit_budget,
                         self.system.notes_allowed[mb.group],
                     )
                 except (ParseError, ReplyError) as exc:
@@ -254,13 +309,40 @@ class Stage:
                         {"role": "user", "content": reask_message(str(exc))},
                     ]
                     continue
-                outcome.reasks = attempt
                 outcome.parse = "ok"
                 outcome.proposed, outcome.kept = checked.proposed, checked.kept
                 return checked
-            outcome.reasks = self.cfg.reflect.max_reasks
             outcome.status, outcome.error = "failed", f"no usable reply: {outcome.parse}"
+            self.client.forget(replies)
             return None
         finally:
             outcome.latency_s = round(time.monotonic() - started, 3)
             outcome.cost_usd = outcome.usage.cost_usd(self.price)
+
+    def _one_call(self, conversation: list[dict], allowance: int, schema: dict, outcome: Outcome) -> Reply | None:
+        with self._lock:
+            self._in_flight += 1
+        try:
+            reply = self.client.complete(conversation, allowance, schema)
+        except CallError as exc:
+            outcome.retries += exc.retries
+            outcome.failed_calls += 1
+            outcome.status, outcome.error = "failed", exc.cause
+            outcome.call_log.append({"error": exc.cause, "retries": exc.retries})
+            return None
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+        if reply.from_cache:
+            outcome.cache_hits += 1
+        else:
+            outcome.calls += 1
+            outcome.retries += reply.retries
+            outcome.usage.add(reply.usage)
+            self.spend.add(reply.usage, reply.usage.cost_usd(self.price))
+        outcome.call_log.append({
+            "started_at": reply.started_at, "latency_s": round(reply.latency_s, 3), "from_cache": reply.from_cache,
+            "finish_reason": reply.finish_reason, "max_output_tokens": allowance, "structured": reply.structured,
+            "retries": reply.retries, "usage": asdict(reply.usage), "messages": len(conversation),
+        })
+        return reply

@@ -34,7 +34,7 @@ def counts(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], wall_t
     for o in outcomes:
         usage.add(o.usage)
     by_status = {status: sum(1 for o in outcomes if o.status == status) for status in
-                 ("done", "reused", "failed", "skipped", "dry_run")}
+                 ("done", "reused", "failed", "skipped", "not_run", "dry_run")}
     return {
         "results": len(dataset.results),
         "failures": len(failures),
@@ -45,11 +45,13 @@ def counts(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], wall_t
         "minibatches_reused": by_status["reused"],
         "minibatches_failed": by_status["failed"],
         "minibatches_skipped": by_status["skipped"],
+        "minibatches_not_run": by_status["not_run"],
         "minibatches_dry_run": by_status["dry_run"],
         "calls": sum(o.calls for o in outcomes),
         "failed_calls": sum(o.failed_calls for o in outcomes),
         "reasks": sum(o.reasks for o in outcomes),
         "retries": sum(o.retries for o in outcomes),
+        "cache_hits": sum(o.cache_hits for o in outcomes),
         "edits_proposed": sum(o.proposed for o in outcomes),
         "edits_kept": sum(o.kept for o in outcomes),
         "edits_truncated": sum(o.truncated for o in outcomes),

@@ -16,7 +16,7 @@ log = logging.getLogger("reflact")
 
 PARAM_MAX_CHARS = 500  # long texts (step buffer, meta skill) go in as artifacts, not params
 MINIBATCH_METRICS = ("analysed", "skipped", "proposed", "kept", "truncated", "calls", "failed_calls", "reasks",
-                     "retries", "cost_usd", "latency_s")
+                     "retries", "cache_hits", "cost_usd", "latency_s")
 
 
 def default_tracking_uri(launch_dir: Path) -> str:
@@ -62,13 +62,14 @@ def log_run(cfg: ReflactConfig, params: dict, summary: dict, run_dir: Path, laun
     """Log the run; returns its MLflow run id, or None (with a warning) when tracking failed."""
     uri = cfg.mlflow.tracking_uri or default_tracking_uri(launch_dir)
     try:
-        return _log(uri, cfg.mlflow.experiment, params, summary, run_dir, launch_dir)
+        return _log(uri, cfg.mlflow.experiment, params, summary, run_dir, launch_dir, cfg.mlflow.trace_calls)
     except Exception as exc:  # noqa: BLE001 - tracking must never lose the local results
         log.warning("MLflow logging to %s failed (%s); the run's outputs are complete in %s", uri, exc, run_dir)
         return None
 
 
-def _log(uri: str, experiment: str, params: dict, summary: dict, run_dir: Path, launch_dir: Path) -> str:
+def _log(uri: str, experiment: str, params: dict, summary: dict, run_dir: Path, launch_dir: Path,
+         trace_calls: bool) -> str:
     import mlflow
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
@@ -102,6 +103,9 @@ def _log(uri: str, experiment: str, params: dict, summary: dict, run_dir: Path, 
                 client.log_artifact(run_id, str(run_dir / name), "run" if "/" not in name else "run/hydra")
         if summary["kept_items"]:
             client.log_table(run_id, _kept_table(summary["kept_items"]), "kept_items.json")
+        if trace_calls:
+            mlflow.set_tracking_uri(uri)  # the trace exporter writes to the global tracking store
+            _log_traces(client, experiment_id, run_id, summary, run_dir)
         status = "FINISHED"
     finally:
         client.set_terminated(run_id, status)
@@ -117,3 +121,39 @@ def _kept_table(rows: list[dict]) -> dict[str, list]:
         "trajectory_ids": [", ".join(r["trajectory_ids"]) for r in rows],
         "item": [json.dumps(r["item"], ensure_ascii=False) for r in rows],
     }
+
+
+def _log_traces(client, experiment_id: str, run_id: str, summary: dict, run_dir: Path) -> None:
+    """One trace per optimizer call (prompt, reply, tokens), rebuilt from the run dir after the
+    stage, so tracing adds nothing to the calls' path."""
+    import mlflow
+
+    for mb in summary["minibatches"]:
+        call_dir = run_dir / "calls" / mb["tag"]
+        if not mb["call_log"]:
+            continue
+        system = _read(call_dir / "system.md")
+        user = _read(call_dir / "user.md")
+        for attempt, call in enumerate(mb["call_log"], 1):
+            if "error" in call:
+                continue
+            start_ns = int(call["started_at"] * 1e9)
+            span = client.start_trace(
+                name=mb["tag"], span_type="LLM", experiment_id=experiment_id, run_id=run_id,
+                inputs={"system": system, "user": user, "attempt": attempt, "messages": call["messages"]},
+                attributes={"max_output_tokens": call["max_output_tokens"], "from_cache": call["from_cache"]},
+                start_time_ns=start_ns,
+            )
+            client.end_trace(
+                span.trace_id,
+                outputs={"reply": _read(call_dir / f"reply_{attempt}.txt"), "finish_reason": call["finish_reason"]},
+                attributes={f"tokens_{k}": v for k, v in call["usage"].items()},
+                end_time_ns=start_ns + int(call["latency_s"] * 1e9),
+            )
+    flush = getattr(mlflow, "flush_trace_async_logging", None)
+    if flush:
+        flush()
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.is_file() else ""

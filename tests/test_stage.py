@@ -15,10 +15,11 @@ from tests.optimizer_server import Response, chat_body, default_reply
 
 
 def run_stage(tmp_path, server, dataset_dir, *overrides, run_dir=None):
+    """The stage through the real client; the response cache is off unless a test turns it on."""
     cfg = make_config(f"data.dir={dataset_dir}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
-                      "optimizer.retry.initial_wait_s=0.01", *overrides)
+                      "optimizer.retry.initial_wait_s=0.01", "optimizer.cache=off", *overrides)
     dataset = load_dataset(cfg.data)
-    stage = Stage(cfg, dataset, make_client(cfg.optimizer, environ={}), run_dir or tmp_path / "run")
+    stage = Stage(cfg, dataset, make_client(cfg.optimizer, tmp_path, environ={}), run_dir or tmp_path / "run")
     return stage.run()
 
 
