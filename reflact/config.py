@@ -142,6 +142,7 @@ class MlflowConfig:
 
 @dataclass
 class ReflactConfig:
+    name: str = "default"  # names the sweep folder outputs/sweeps/<name>, so rerunning a sweep resumes it
     data: DataConfig = field(default_factory=DataConfig)
     reflect: ReflectConfig = field(default_factory=ReflectConfig)
     prompts: PromptsConfig = field(default_factory=PromptsConfig)

@@ -79,38 +79,39 @@ def load_results(path: Path) -> list[Result]:
         rows = _jsonl_rows(text, path)
     if not rows:
         raise UserError(f"{path}: no results in the file")
-    seen: dict[str, int] = {}
+    seen: dict[str, str] = {}
     results = []
-    for line, obj in rows:
-        result = _result(obj, f"{path}:{line}")
+    for where, label, obj in rows:
+        result = _result(obj, where)
         if result.id in seen:
-            raise UserError(f"{path}:{line}: duplicate id {result.id!r} (first on line {seen[result.id]})")
-        seen[result.id] = line
+            raise UserError(f"{where}: duplicate id {result.id!r} (first on {seen[result.id]})")
+        seen[result.id] = label
         results.append(result)
     return sorted(results, key=lambda r: r.id)
 
 
-def _jsonl_rows(text: str, path: Path) -> list[tuple[int, object]]:
+def _jsonl_rows(text: str, path: Path) -> list[tuple[str, str, object]]:
+    """(where, label, object) per line; only \n ends a line (JSON strings may hold U+2028 and the like)."""
     rows = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
-            rows.append((number, json.loads(line)))
+            rows.append((f"{path}:{number}", f"line {number}", json.loads(line)))
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}:{number}: not JSON ({exc.msg} at column {exc.colno})") from None
     return rows
 
 
-def _json_array_rows(text: str, path: Path) -> list[tuple[int, object]]:
+def _json_array_rows(text: str, path: Path) -> list[tuple[str, str, object]]:
     try:
         items = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}:{exc.lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(items, list):
         raise UserError(f"{path}: expected a JSON array of results")
-    # an array has no useful line numbers: name the item instead ("item 3")
-    return [(number, item) for number, item in enumerate(items, 1)]
+    # an array has no useful line numbers: name the item instead
+    return [(f"{path}: item {number}", f"item {number}", item) for number, item in enumerate(items, 1)]
 
 
 def _result(obj: object, where: str) -> Result:

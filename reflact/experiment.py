@@ -16,7 +16,9 @@ from reflact.tracking import log_run
 log = logging.getLogger("reflact")
 
 
-def run_experiment(cfg: ReflactConfig, params: dict, run_dir: Path, launch_dir: Path) -> dict:
+def run_experiment(
+    cfg: ReflactConfig, params: dict, run_dir: Path, launch_dir: Path, sweep_dir: Path | None = None
+) -> dict:
     """Everything that can be wrong with the inputs is found before the first call."""
     started = time.monotonic()
     dataset = load_dataset(cfg.data)
@@ -28,15 +30,22 @@ def run_experiment(cfg: ReflactConfig, params: dict, run_dir: Path, launch_dir: 
     outcomes = stage.run()
     summary = write_summary(run_dir, cfg, dataset, outcomes, stage.system.hashes(), time.monotonic() - started)
     if cfg.mlflow.enabled:
-        log_run(cfg, params, summary, run_dir, launch_dir)
+        log_run(cfg, params, summary, run_dir, launch_dir, sweep_dir)
     c = summary["counts"]
-    log.info(
-        "done: %d minibatches (%d new, %d reused, %d failed, %d skipped), %d calls, %d/%d %s kept, "
-        "%d tokens, $%.4f; outputs in %s",
-        c["minibatches"], c["minibatches_done"], c["minibatches_reused"], c["minibatches_failed"],
-        c["minibatches_skipped"], c["calls"], c["edits_kept"], c["edits_proposed"], stage.mode.label,
-        c["tokens_prompt"] + c["tokens_completion"], c["cost_usd"], run_dir,
-    )
+    if cfg.optimizer.dry_run:
+        log.info(
+            "dry run: %d prompts built, ~%d prompt and ~%d reply tokens, estimated $%.4f for %s; prompts in %s",
+            c["minibatches_dry_run"], c["tokens_prompt"], c["tokens_completion"], c["cost_usd"],
+            cfg.optimizer.model, run_dir / "calls",
+        )
+    else:
+        log.info(
+            "done: %d minibatches (%d new, %d reused, %d failed, %d skipped), %d calls, %d from cache, "
+            "%d/%d %s kept, %d tokens, $%.4f; outputs in %s",
+            c["minibatches"], c["minibatches_done"], c["minibatches_reused"], c["minibatches_failed"],
+            c["minibatches_skipped"], c["calls"], c["cache_hits"], c["edits_kept"], c["edits_proposed"],
+            stage.mode.label, c["tokens_prompt"] + c["tokens_completion"], c["cost_usd"], run_dir,
+        )
     if c["minibatches_failed"]:
         log.warning("%d minibatch(es) failed; rerun with the same hydra.run.dir to redo only those",
                     c["minibatches_failed"])

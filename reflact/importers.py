@@ -23,6 +23,7 @@ from reflact.files import write_json, write_text
 
 FORMATS = ("taubench", "chat_jsonl")
 TAU_TASK_TYPE = "tau-bench"
+LEGACY_CALL = object()  # the pending key of a legacy `function_call`, answered by a "function" message
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Converted:
     system: str | None = None
     first_user: str | None = None
     n_assistant: int = 0
+    started: bool = False  # a non-system message was seen: later system messages are not the prompt
 
 
 # ---------------------------------------------------------------- messages -> conversation
@@ -81,32 +83,49 @@ def _convert_one(message: object, where: str, out: Converted, pending: dict) -> 
     if not isinstance(role, str) or not role:
         raise UserError(f"{where}: message has no 'role'")
     content = message_text(message.get("content"))
+    if role == "system" and not out.started:
+        # the leading system message(s): the skill, not repeated in the trajectory
+        out.system = content if out.system is None else f"{out.system}\n\n{content}"
+        return
+    out.started = True
     if role == "system":
-        if out.system is None:
-            out.system = content  # the skill: not repeated in the trajectory
-        else:
-            # a later system message is not evaluator output; keep it under a role that
-            # does not render as [verification]
-            out.items.append({"role": "system_note", "content": content})
+        # a system message mid-run is not evaluator output: keep it under a role that does
+        # not render as [verification]
+        out.items.append({"role": "system_note", "content": content})
     elif role == "assistant":
-        out.n_assistant += 1
-        if content.strip():
-            out.items.append({"role": "assistant", "content": content})
-        for call_id, cmd in _calls(message, where):
-            item = {"type": "tool_call", "cmd": cmd, "obs": ""}
-            out.items.append(item)
-            pending.setdefault(call_id, deque()).append(item)
+        _assistant(message, content, where, out, pending)
     elif role in ("tool", "function"):
-        call_id = message.get("tool_call_id") if role == "tool" else None
-        waiting = pending.get(call_id)
-        if waiting:
-            waiting.popleft()["obs"] = content
-        else:
-            out.items.append({"role": role, "content": content})
+        _tool_reply(message, role, content, out, pending)
     else:
         if role == "user" and out.first_user is None:
             out.first_user = content
         out.items.append({"role": role, "content": content})
+
+
+def _assistant(message: dict, content: str, where: str, out: Converted, pending: dict) -> None:
+    """Its text (if any), then one tool_call item per call, waiting for its reply's obs."""
+    out.n_assistant += 1
+    if content.strip():
+        out.items.append({"role": "assistant", "content": content})
+    for key, cmd in _calls(message, where):
+        item = {"type": "tool_call", "cmd": cmd, "obs": ""}
+        out.items.append(item)
+        pending.setdefault(key, deque()).append(item)
+
+
+def _tool_reply(message: dict, role: str, content: str, out: Converted, pending: dict) -> None:
+    """Fill the waiting call's obs; a reply to no known call is kept as its own item."""
+    key = _call_key(message.get("tool_call_id")) if role == "tool" else LEGACY_CALL
+    waiting = pending.get(key)
+    if waiting:
+        waiting.popleft()["obs"] = content
+    else:
+        out.items.append({"role": role, "content": content})
+
+
+def _call_key(call_id: object) -> str:
+    """A hashable key for any JSON id (ids are strings in practice, but logs vary)."""
+    return call_id if isinstance(call_id, str) else json.dumps(call_id)
 
 
 def _calls(message: dict, where: str) -> list[tuple[object, str]]:
@@ -118,10 +137,10 @@ def _calls(message: dict, where: str) -> list[tuple[object, str]]:
     for number, call in enumerate(calls, 1):
         if not isinstance(call, dict):
             raise UserError(f"{where}, tool call {number}: expected an object")
-        found.append((call.get("id"), _cmd(call.get("function"), f"{where}, tool call {number}")))
+        found.append((_call_key(call.get("id")), _cmd(call.get("function"), f"{where}, tool call {number}")))
     legacy = message.get("function_call")
     if legacy:
-        found.append((None, _cmd(legacy, f"{where}, function_call")))
+        found.append((LEGACY_CALL, _cmd(legacy, f"{where}, function_call")))
     return found
 
 
@@ -332,11 +351,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m reflact.importers",
         description="Turn agent logs into a reflact dataset folder (skill.md, results.jsonl, predictions/).",
     )
-    parser.add_argument("format", choices=FORMATS, help="taubench: a tau-bench results JSON list; "
-                        "chat_jsonl: one {id?, messages, score, task?} object per line")
+    parser.add_argument(
+        "format",
+        choices=FORMATS,
+        help="taubench: a tau-bench results JSON list; chat_jsonl: one {id?, messages, score, task?} per line",
+    )
     parser.add_argument("input", type=Path, help="the log file to read")
     parser.add_argument("dataset_dir", type=Path, help="the dataset folder to write")
-    parser.add_argument("--force", action="store_true", help="overwrite a folder that already has a results.jsonl")
+    parser.add_argument(
+        "--force", action="store_true", help="overwrite a folder that already has a results.jsonl"
+    )
     return parser
 
 

@@ -16,6 +16,7 @@ import re
 _FENCED = re.compile(r"```[ \t]*(?:json|JSON|javascript|js)?[ \t]*\r?\n(.*?)```", re.S)
 # a key-value start: what separates a JSON object from a brace in prose
 _JSONISH = re.compile(r'"\s*:')
+_OPENS_OBJECT = re.compile(r'\{\s*"[^"\n]*"\s*:')
 _PY_LITERALS = {"True": "true", "False": "false", "None": "null"}
 
 
@@ -84,7 +85,7 @@ def _scan(text: str) -> tuple[list[dict], list[str], bool]:
     while i != -1:
         end = _matching_brace(text, i)
         if end is None:
-            if _JSONISH.search(text, i):
+            if _OPENS_OBJECT.match(text, i):  # an object that never closes: the reply was cut off
                 return objects, broken, True
             i = text.find("{", i + 1)
             continue
@@ -150,7 +151,7 @@ def _repair(span: str) -> str:
             if rest[:1] in ("}", "]"):
                 i += 1
                 continue
-        elif ch.isalpha():
+        elif ch.isascii() and ch.isalpha():
             word = re.match(r"[A-Za-z]+", span[i:]).group(0)
             out.append(_PY_LITERALS.get(word, word))
             i += len(word)

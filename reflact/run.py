@@ -16,14 +16,17 @@ from reflact.errors import UserError
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def _job(dict_cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from reflact.experiment import run_experiment
 
+    hc = HydraConfig.get()
     try:
         cfg = config.validate(OmegaConf.to_object(dict_cfg))
         params = OmegaConf.to_container(dict_cfg, resolve=True)
+        sweep_dir = Path(hc.sweep.dir).resolve() if hc.mode == RunMode.MULTIRUN else None
         summary = run_experiment(
-            cfg, params, Path(HydraConfig.get().runtime.output_dir), Path(hydra.utils.get_original_cwd())
+            cfg, params, Path(hc.runtime.output_dir), Path(hydra.utils.get_original_cwd()), sweep_dir
         )
     except Exception as exc:  # noqa: BLE001 - reported here, before Hydra wraps it in its own report
         _exit_if_user_error(exc)

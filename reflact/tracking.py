@@ -10,10 +10,13 @@ import logging
 from pathlib import Path
 
 from reflact.config import ReflactConfig
+from reflact.files import read_json, write_json
 from reflact.modes import MODES
 
 log = logging.getLogger("reflact")
 
+RUN_FILE = "mlflow_run.json"  # in a run dir: the MLflow run it was logged as
+PARENT_FILE = "mlflow_parent.json"  # in a sweep dir: the sweep's parent run
 PARAM_MAX_CHARS = 500  # long texts (step buffer, meta skill) go in as artifacts, not params
 MINIBATCH_METRICS = ("analysed", "skipped", "proposed", "kept", "truncated", "calls", "failed_calls", "reasks",
                      "retries", "cache_hits", "cost_usd", "latency_s")
@@ -58,32 +61,69 @@ def minibatch_series(summary: dict) -> list[tuple[str, float, int]]:
     return rows
 
 
-def log_run(cfg: ReflactConfig, params: dict, summary: dict, run_dir: Path, launch_dir: Path) -> str | None:
-    """Log the run; returns its MLflow run id, or None (with a warning) when tracking failed."""
-    uri = cfg.mlflow.tracking_uri or default_tracking_uri(launch_dir)
+def tracking_uri(cfg: ReflactConfig, launch_dir: Path) -> str:
+    return cfg.mlflow.tracking_uri or default_tracking_uri(launch_dir)
+
+
+def experiment_id(client, name: str, uri: str, launch_dir: Path) -> str:
+    """The experiment's id, created on first use (which also migrates a fresh sqlite store)."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    # a local sqlite store keeps its artifacts beside it under outputs/, not in ./mlruns
+    location = (launch_dir / "outputs" / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") else None
+    return client.create_experiment(name, artifact_location=location)
+
+
+def sweep_id(sweep_dir: Path, launch_dir: Path) -> str:
+    """Names a sweep in tags: its folder, relative to where it was started when possible."""
     try:
-        return _log(uri, cfg.mlflow.experiment, params, summary, run_dir, launch_dir, cfg.mlflow.trace_calls)
+        return str(sweep_dir.resolve().relative_to(launch_dir.resolve()))
+    except ValueError:
+        return str(sweep_dir.resolve())
+
+
+def log_run(
+    cfg: ReflactConfig, params: dict, summary: dict, run_dir: Path, launch_dir: Path, sweep_dir: Path | None = None
+) -> str | None:
+    """Log the run; returns its MLflow run id, or None (with a warning) when tracking failed.
+
+    A run dir logged before (a rerun) replaces its earlier MLflow run, which is deleted, so
+    a resumed run or sweep shows each run dir once. In a sweep the run is a child of the
+    sweep's parent run and carries the sweep id as a tag either way.
+    """
+    uri = tracking_uri(cfg, launch_dir)
+    try:
+        return _log(uri, cfg, params, summary, run_dir, launch_dir, sweep_dir)
     except Exception as exc:  # noqa: BLE001 - tracking must never lose the local results
         log.warning("MLflow logging to %s failed (%s); the run's outputs are complete in %s", uri, exc, run_dir)
         return None
 
 
-def _log(uri: str, experiment: str, params: dict, summary: dict, run_dir: Path, launch_dir: Path,
-         trace_calls: bool) -> str:
+def _log(uri: str, cfg: ReflactConfig, params: dict, summary: dict, run_dir: Path, launch_dir: Path,
+         sweep_dir: Path | None) -> str:
     import mlflow
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is not None:
-        experiment_id = found.experiment_id
-    else:
-        # a local sqlite store keeps its artifacts beside it under outputs/, not in ./mlruns
-        location = (launch_dir / "outputs" / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") else None
-        experiment_id = client.create_experiment(experiment, artifact_location=location)
-    run = client.create_run(experiment_id, run_name=run_dir.name, tags={"reflact.run_dir": str(run_dir)})
+    exp_id = experiment_id(client, cfg.mlflow.experiment, uri, launch_dir)
+    tags = {"reflact.run_dir": str(run_dir)}
+    run_name = run_dir.name
+    if sweep_dir is not None:
+        tags["reflact.sweep_id"] = sweep_id(sweep_dir, launch_dir)
+        parent = read_json(sweep_dir / PARENT_FILE)
+        if isinstance(parent, dict) and parent.get("tracking_uri") == uri:
+            tags["mlflow.parentRunId"] = parent["run_id"]
+        else:
+            log.warning("no MLflow parent run for sweep %s; the run is tagged reflact.sweep_id instead",
+                        tags["reflact.sweep_id"])
+    earlier = read_json(run_dir / RUN_FILE)
+    run = client.create_run(exp_id, run_name=run_name, tags=tags)
     run_id = run.info.run_id
+    write_json(run_dir / RUN_FILE, {"run_id": run_id, "tracking_uri": uri})
+    if isinstance(earlier, dict) and earlier.get("tracking_uri") == uri:
+        _delete(client, earlier["run_id"])
     status = "FAILED"
     try:
         items = [Param(k, v) for k, v in flatten(params).items()]
@@ -103,13 +143,20 @@ def _log(uri: str, experiment: str, params: dict, summary: dict, run_dir: Path, 
                 client.log_artifact(run_id, str(run_dir / name), "run" if "/" not in name else "run/hydra")
         if summary["kept_items"]:
             client.log_table(run_id, _kept_table(summary["kept_items"]), "kept_items.json")
-        if trace_calls:
+        if cfg.mlflow.trace_calls:
             mlflow.set_tracking_uri(uri)  # the trace exporter writes to the global tracking store
-            _log_traces(client, experiment_id, run_id, summary, run_dir)
+            _log_traces(client, exp_id, run_id, summary, run_dir)
         status = "FINISHED"
     finally:
         client.set_terminated(run_id, status)
     return run_id
+
+
+def _delete(client, run_id: str) -> None:
+    try:
+        client.delete_run(run_id)
+    except Exception:  # noqa: BLE001 - already gone: nothing to replace
+        pass
 
 
 def _kept_table(rows: list[dict]) -> dict[str, list]:

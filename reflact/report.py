@@ -1,0 +1,158 @@
+"""The sweep report: the M x L grid of the main metrics, averaged over seeds with the spread.
+
+Runs after every multirun (from the sweep callback) and by hand for any sweep in a store:
+
+    python -m reflact.report SWEEP_ID [--tracking-uri URI] [--out DIR]
+
+SWEEP_ID is the sweep's folder as tagged on its runs (e.g. outputs/sweeps/demo).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from pathlib import Path
+
+from reflact.modes import MODES
+
+METRICS = ("edits_kept", "edits_truncated", "parse_failures", "tokens", "cost_usd", "wall_time_s")
+
+
+def sweep_runs(client, sweep_id: str) -> list:
+    """The sweep's job runs (not its parent), active only, across all experiments."""
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(
+        experiments,
+        filter_string=f"tags.`reflact.sweep_id` = '{sweep_id}'",
+        max_results=10000,
+    )
+    return [r for r in runs if r.data.tags.get("reflact.sweep_parent") != "true"]
+
+
+def derived(metrics: dict) -> dict[str, float]:
+    return {
+        "edits_kept": metrics.get("edits_kept", 0.0),
+        "edits_truncated": metrics.get("edits_truncated", 0.0),
+        "parse_failures": metrics.get("reasks", 0.0) + metrics.get("minibatches_failed", 0.0),
+        "tokens": metrics.get("tokens_prompt", 0.0) + metrics.get("tokens_completion", 0.0),
+        "cost_usd": metrics.get("cost_usd", 0.0),
+        "wall_time_s": metrics.get("wall_time_s", 0.0),
+    }
+
+
+def grid_rows(runs: list) -> list[dict]:
+    """One row per (mode, M, L): the number of seeds, and mean and spread of each metric."""
+    cells: dict[tuple, list[dict]] = {}
+    for run in runs:
+        m = run.data.metrics
+        if not {"M", "L", "mode"} <= m.keys():
+            continue
+        key = (list(MODES)[int(m["mode"])], int(m["M"]), int(m["L"]))
+        cells.setdefault(key, []).append(derived(m))
+    rows = []
+    for (mode, M, L), values in sorted(cells.items()):
+        row = {"mode": mode, "M": M, "L": L, "seeds": len(values)}
+        for metric in METRICS:
+            series = [v[metric] for v in values]
+            row[f"{metric}_mean"] = statistics.fmean(series)
+            row[f"{metric}_std"] = statistics.stdev(series) if len(series) > 1 else 0.0
+        rows.append(row)
+    return rows
+
+
+def write_table(rows: list[dict], out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, md_path = out / "grid.csv", out / "grid.md"
+    with open(csv_path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    header = ["mode", "M", "L", "seeds", *METRICS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [row["mode"], str(row["M"]), str(row["L"]), str(row["seeds"])]
+        cells += [f"{row[f'{m}_mean']:.4g} ± {row[f'{m}_std']:.2g}" for m in METRICS]
+        lines.append("| " + " | ".join(cells) + " |")
+    md_path.write_text("Mean ± standard deviation over seeds.\n\n" + "\n".join(lines) + "\n", encoding="utf-8")
+    return csv_path, md_path
+
+
+def write_picture(rows: list[dict], out: Path) -> list[Path]:
+    """One PNG per mode: a heatmap of each metric over M (rows) and L (columns)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for mode in sorted({r["mode"] for r in rows}):
+        cells = [r for r in rows if r["mode"] == mode]
+        ms = sorted({r["M"] for r in cells})
+        ls = sorted({r["L"] for r in cells})
+        fig, axes = plt.subplots(2, 3, figsize=(13, 7.5))
+        for ax, metric in zip(axes.flat, METRICS):
+            grid = [[float("nan")] * len(ls) for _ in ms]
+            labels = [[""] * len(ls) for _ in ms]
+            for r in cells:
+                i, j = ms.index(r["M"]), ls.index(r["L"])
+                grid[i][j] = r[f"{metric}_mean"]
+                labels[i][j] = f"{r[f'{metric}_mean']:.3g}\n±{r[f'{metric}_std']:.2g}"
+            image = ax.imshow(grid, cmap="viridis", aspect="auto")
+            fig.colorbar(image, ax=ax)
+            ax.set_xticks(range(len(ls)), [str(v) for v in ls])
+            ax.set_yticks(range(len(ms)), [str(v) for v in ms])
+            ax.set_xlabel("L (edit budget)")
+            ax.set_ylabel("M (minibatch size)")
+            ax.set_title(metric)
+            for i in range(len(ms)):
+                for j in range(len(ls)):
+                    ax.text(j, i, labels[i][j], ha="center", va="center", color="white", fontsize=8)
+        fig.suptitle(f"{mode}: mean ± std over seeds")
+        fig.tight_layout()
+        path = out / f"grid_{mode}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def report_sweep(client, sweep_id: str, out: Path, parent_run_id: str | None = None) -> list[Path]:
+    """Write the report under `out` and, with a parent run, log it there as `report/`."""
+    rows = grid_rows(sweep_runs(client, sweep_id))
+    if not rows:
+        return []
+    paths = [*write_table(rows, out), *write_picture(rows, out)]
+    if parent_run_id:
+        for path in paths:
+            client.log_artifact(parent_run_id, str(path), "report")
+        client.set_tag(parent_run_id, "reflact.sweep_jobs", str(sum(r["seeds"] for r in rows)))
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Rebuild a sweep's M x L report from the MLflow store.")
+    parser.add_argument("sweep_id", help="the sweep's reflact.sweep_id tag, e.g. outputs/sweeps/demo")
+    parser.add_argument("--tracking-uri", default=f"sqlite:///{Path('outputs/mlflow.db').resolve()}")
+    parser.add_argument("--out", type=Path, default=None, help="folder for the report (default: the sweep id)")
+    args = parser.parse_args(argv)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=args.tracking_uri)
+    parents = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        filter_string=f"tags.`reflact.sweep_id` = '{args.sweep_id}' and tags.`reflact.sweep_parent` = 'true'",
+    )
+    out = args.out or Path(args.sweep_id) / "report"
+    paths = report_sweep(client, args.sweep_id, out, parents[0].info.run_id if parents else None)
+    if not paths:
+        print(f"reflact: error: no runs tagged reflact.sweep_id={args.sweep_id} in {args.tracking_uri}",
+              file=sys.stderr)
+        return 2
+    print("\n".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
