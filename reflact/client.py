@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tenacity import (
@@ -56,7 +56,7 @@ class Usage:
 class Reply:
     text: str
     finish_reason: str | None
-    usage: Usage  # what this call cost now: zero for a cache hit
+    usage: Usage  # the reply's tokens (for a cache hit: those of the call that made it)
     latency_s: float
     retries: int = 0
     from_cache: bool = False
@@ -94,7 +94,7 @@ class OptimizerClient:
                          "schema": schema, "sample": self.cfg.sample})
         hit = self.cache.get(key) if self.cache else None
         if hit is not None:
-            return Reply(hit["text"], hit["finish_reason"], Usage(), 0.0, from_cache=True,
+            return Reply(hit["text"], hit["finish_reason"], Usage(**hit.get("usage", {})), 0.0, from_cache=True,
                          structured=hit.get("structured", "off"), started_at=time.time(), cache_key=key)
         if self._limiter:
             self._limiter.acquire(estimate_tokens(messages) + max_output_tokens)
@@ -102,7 +102,7 @@ class OptimizerClient:
         reply.cache_key = key
         if self.cache:
             self.cache.put(key, {"text": reply.text, "finish_reason": reply.finish_reason,
-                                 "structured": reply.structured})
+                                 "structured": reply.structured, "usage": asdict(reply.usage)})
         return reply
 
     def forget(self, replies: list[Reply]) -> None:

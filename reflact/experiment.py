@@ -41,10 +41,10 @@ def run_experiment(
     else:
         log.info(
             "done: %d minibatches (%d new, %d reused, %d failed, %d skipped), %d calls, %d from cache, "
-            "%d/%d %s kept, %d tokens, $%.4f; outputs in %s",
+            "%d/%d %s kept, %d tokens, $%.4f spent now ($%.4f for all patches); outputs in %s",
             c["minibatches"], c["minibatches_done"], c["minibatches_reused"], c["minibatches_failed"],
             c["minibatches_skipped"], c["calls"], c["cache_hits"], c["edits_kept"], c["edits_proposed"],
-            stage.mode.label, c["tokens_prompt"] + c["tokens_completion"], c["cost_usd"], run_dir,
+            stage.mode.label, c["tokens_prompt"] + c["tokens_completion"], c["spent_usd"], c["cost_usd"], run_dir,
         )
     if c["minibatches_failed"]:
         log.warning("%d minibatch(es) failed; rerun with the same hydra.run.dir to redo only those",

@@ -62,8 +62,9 @@ class Outcome:
     reasks: int = 0
     retries: int = 0
     cache_hits: int = 0
-    usage: Usage = field(default_factory=Usage)
-    cost_usd: float = 0.0
+    usage: Usage = field(default_factory=Usage)  # tokens behind the patch, whenever they were spent
+    cost_usd: float = 0.0  # what the patch cost (its usage priced)
+    spent_usd: float = 0.0  # what this run paid: calls made now, not cache hits or reused patches
     latency_s: float = 0.0
     parse: str = ""  # ok, or why the last reply was not usable
     error: str = ""
@@ -222,11 +223,7 @@ class Stage:
         patch_path = self.patches_dir / f"{mb.tag}.json"
         saved = read_json(patch_path)
         if isinstance(saved, dict) and saved.get("fingerprint") == fp:
-            outcome.status = "reused"
-            outcome.proposed = int(saved.get("n_proposed", 0))
-            outcome.kept = len((saved.get("patch") or {}).get(self.mode.payload_key) or [])
-            outcome.parse = "ok"
-            return outcome
+            return self._reused(outcome, saved)
         call_dir = self.calls_dir / mb.tag
         for old in call_dir.glob("reply_*.txt"):  # replies of an earlier, stale attempt
             old.unlink()
@@ -247,6 +244,21 @@ class Stage:
                 }
                 write_json(patch_path, patch)
         write_json(call_dir / "outcome.json", asdict(outcome))
+        return outcome
+
+    def _reused(self, outcome: Outcome, saved: dict) -> Outcome:
+        """A saved patch stands; its record keeps what it cost when it was made, so a resumed
+        run or sweep cell still compares on tokens and cost."""
+        outcome.status = "reused"
+        outcome.proposed = int(saved.get("n_proposed", 0))
+        outcome.kept = len((saved.get("patch") or {}).get(self.mode.payload_key) or [])
+        outcome.parse = "ok"
+        earlier = read_json(self.calls_dir / outcome.tag / "outcome.json")
+        if isinstance(earlier, dict):
+            outcome.usage = Usage(**earlier.get("usage", {}))
+            outcome.cost_usd = float(earlier.get("cost_usd", 0.0))
+            outcome.reasks = int(earlier.get("reasks", 0))
+            outcome.latency_s = float(earlier.get("latency_s", 0.0))
         return outcome
 
     def _estimate(self, outcome: Outcome, messages: list[dict]) -> None:
@@ -333,13 +345,15 @@ class Stage:
         finally:
             with self._lock:
                 self._in_flight -= 1
+        outcome.usage.add(reply.usage)
         if reply.from_cache:
             outcome.cache_hits += 1
         else:
+            cost = reply.usage.cost_usd(self.price)
             outcome.calls += 1
             outcome.retries += reply.retries
-            outcome.usage.add(reply.usage)
-            self.spend.add(reply.usage, reply.usage.cost_usd(self.price))
+            outcome.spent_usd += cost
+            self.spend.add(reply.usage, cost)
         outcome.call_log.append({
             "started_at": reply.started_at, "latency_s": round(reply.latency_s, 3), "from_cache": reply.from_cache,
             "finish_reason": reply.finish_reason, "max_output_tokens": allowance, "structured": reply.structured,

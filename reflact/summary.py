@@ -60,6 +60,7 @@ def counts(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], wall_t
         "tokens_completion": usage.completion,
         "tokens_reasoning": usage.reasoning,
         "cost_usd": round(sum(o.cost_usd for o in outcomes), 6),
+        "spent_usd": round(sum(o.spent_usd for o in outcomes), 6),
         "wall_time_s": round(wall_time_s, 3),
     }
 
