@@ -9,6 +9,8 @@ from pathlib import Path
 from reflact.client import make_client
 from reflact.config import ReflactConfig
 from reflact.dataset import load_dataset
+from reflact.preview import preview_run
+from reflact.run_report import write_run_report
 from reflact.stage import Stage
 from reflact.summary import write_summary
 from reflact.tracking import log_run
@@ -28,7 +30,9 @@ def run_experiment(
         log.info("skipping %d run(s) without a usable conversation: %s", len(dataset.skipped),
                  ", ".join(sorted(dataset.skipped)[:10]) + (" ..." if len(dataset.skipped) > 10 else ""))
     outcomes = stage.run()
-    summary = write_summary(run_dir, cfg, dataset, outcomes, stage.system.hashes(), time.monotonic() - started)
+    previews = preview_run(run_dir, dataset.skill, stage.mode, [o.tag for o in outcomes])
+    summary = write_summary(run_dir, cfg, dataset, outcomes, previews, stage.system.hashes(), time.monotonic() - started)
+    write_run_report(run_dir, summary)
     if cfg.mlflow.enabled:
         log_run(cfg, params, summary, run_dir, launch_dir, sweep_dir)
     c = summary["counts"]

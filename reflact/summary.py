@@ -10,6 +10,7 @@ from reflact.config import ReflactConfig
 from reflact.dataset import Dataset
 from reflact.files import read_json, write_json
 from reflact.modes import get_mode
+from reflact.preview import Preview, run_apply_counts
 from reflact.stage import Outcome, split
 
 
@@ -65,28 +66,45 @@ def counts(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], wall_t
     }
 
 
-def kept_items(cfg: ReflactConfig, patches_dir: Path, outcomes: list[Outcome]) -> list[dict]:
-    """Every kept item with its minibatch and trajectory ids, read back from the saved patches."""
+def kept_items(cfg: ReflactConfig, patches_dir: Path, outcomes: list[Outcome], previews: dict[str, Preview]) -> list[dict]:
+    """Every kept item with its minibatch, trajectory ids and (patch mode) apply status."""
     key = get_mode(cfg.reflect.update_mode).payload_key
     rows = []
     for o in outcomes:
         patch = read_json(patches_dir / f"{o.tag}.json")
         if o.status not in ("done", "reused") or not isinstance(patch, dict):
             continue
+        statuses = previews[o.tag].statuses if o.tag in previews else []
         for position, item in enumerate((patch.get("patch") or {}).get(key) or []):
-            rows.append({"minibatch": o.tag, "position": position, "trajectory_ids": o.ids, "item": item})
+            row = {"minibatch": o.tag, "position": position, "trajectory_ids": o.ids, "item": item}
+            if position < len(statuses):
+                row["apply"] = {"status": statuses[position]["status"], "reason": statuses[position]["reason"]}
+            rows.append(row)
     return rows
 
 
 def write_summary(
-    run_dir: Path, cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], template_hashes: dict, wall_time_s: float
+    run_dir: Path,
+    cfg: ReflactConfig,
+    dataset: Dataset,
+    outcomes: list[Outcome],
+    previews: dict[str, Preview],
+    template_hashes: dict,
+    wall_time_s: float,
 ) -> dict:
+    run_counts = counts(cfg, dataset, outcomes, wall_time_s)
+    if cfg.reflect.update_mode == "patch":
+        applied = run_apply_counts(previews)
+        run_counts.update({f"edits_{k}" if k != "apply_share" else k: v for k, v in applied.items() if k != "total"})
     summary = {
         "settings": settings(cfg, template_hashes),
-        "counts": counts(cfg, dataset, outcomes, wall_time_s),
+        "counts": run_counts,
         "skipped": dataset.skipped,
-        "minibatches": [{**asdict(o), "truncated": o.truncated} for o in outcomes],
-        "kept_items": kept_items(cfg, run_dir / "patches", outcomes),
+        "minibatches": [
+            {**asdict(o), "truncated": o.truncated, "apply": previews[o.tag].counts if o.tag in previews else {}}
+            for o in outcomes
+        ],
+        "kept_items": kept_items(cfg, run_dir / "patches", outcomes, previews),
     }
     write_json(run_dir / "summary.json", summary)
     return summary

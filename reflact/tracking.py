@@ -58,6 +58,8 @@ def minibatch_series(summary: dict) -> list[tuple[str, float, int]]:
             rows.append((f"minibatch/{key}", float(mb[key]), step))
         for key, value in mb["usage"].items():
             rows.append((f"minibatch/tokens_{key}", float(value), step))
+        for key, value in mb.get("apply", {}).items():
+            rows.append((f"minibatch/{'edits_' + key if key != 'apply_share' else key}", float(value), step))
     return rows
 
 
@@ -138,7 +140,9 @@ def _log(uri: str, cfg: ReflactConfig, params: dict, summary: dict, run_dir: Pat
         for name in ("patches", "calls"):
             if (run_dir / name).is_dir():
                 client.log_artifacts(run_id, str(run_dir / name), name)
-        for name in ("summary.json", ".hydra/config.yaml", ".hydra/overrides.yaml"):
+        if (run_dir / "preview").is_dir():
+            client.log_artifacts(run_id, str(run_dir / "preview"), "preview")
+        for name in ("summary.json", "report.md", ".hydra/config.yaml", ".hydra/overrides.yaml"):
             if (run_dir / name).is_file():
                 client.log_artifact(run_id, str(run_dir / name), "run" if "/" not in name else "run/hydra")
         if summary["kept_items"]:
@@ -167,6 +171,7 @@ def _kept_table(rows: list[dict]) -> dict[str, list]:
         "position": [r["position"] for r in rows],
         "trajectory_ids": [", ".join(r["trajectory_ids"]) for r in rows],
         "item": [json.dumps(r["item"], ensure_ascii=False) for r in rows],
+        "apply_status": [r.get("apply", {}).get("status", "") for r in rows],
     }
 
 

@@ -1,0 +1,96 @@
+"""`report.md` in the run dir: the run readable without MLflow.
+
+Settings, counts, then per minibatch its trajectory ids, the model's summary of what failed
+or worked, and its kept items with their apply status.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from reflact.files import read_json, write_text
+from reflact.modes import get_mode
+
+SNIPPET = 400  # characters of an item's text shown; the whole item is in the patch file
+
+
+def write_run_report(run_dir: Path, summary: dict) -> Path:
+    path = run_dir / "report.md"
+    write_text(path, render(run_dir, summary))
+    return path
+
+
+def render(run_dir: Path, summary: dict) -> str:
+    s, c = summary["settings"], summary["counts"]
+    lines = ["# reflact run report", "", f"Run dir: `{run_dir.name}`", "", "## Settings", ""]
+    lines += _table(["setting", "value"], [[k, _short(v)] for k, v in s.items() if k != "template_hashes"])
+    lines += ["", "Template hashes: " + ", ".join(f"{g} `{h}`" for g, h in s["template_hashes"].items()), ""]
+    lines += ["## Counts", ""]
+    lines += _table(["count", "value"], [[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in c.items()])
+    if summary["skipped"]:
+        lines += ["", "Skipped runs: " + ", ".join(f"`{i}` ({why})" for i, why in sorted(summary["skipped"].items()))]
+    kept = {}
+    for row in summary["kept_items"]:
+        kept.setdefault(row["minibatch"], []).append(row)
+    mode = get_mode(s["update_mode"])
+    lines += ["", "## Minibatches"]
+    for mb in summary["minibatches"]:
+        lines += [""] + _minibatch(run_dir, mb, kept.get(mb["tag"], []), mode.payload_key)
+    return "\n".join(lines) + "\n"
+
+
+def _minibatch(run_dir: Path, mb: dict, rows: list[dict], payload_key: str) -> list[str]:
+    lines = [f"### {mb['tag']}: {mb['status']}", "",
+             f"Trajectories ({mb['analysed']} analysed): " + ", ".join(f"`{i}`" for i in mb["ids"])]
+    if mb["error"]:
+        lines += ["", f"Error: {mb['error']}"]
+    patch = read_json(run_dir / "patches" / f"{mb['tag']}.json")
+    if not isinstance(patch, dict):
+        return lines
+    summary_key = "failure_summary" if mb["group"] == "failure" else "success_patterns"
+    patterns = patch.get(summary_key)
+    if patterns:
+        lines += ["", f"**{'Failure summary' if mb['group'] == 'failure' else 'Success patterns'}**", ""]
+        for p in patterns if isinstance(patterns, list) else [patterns]:
+            lines.append(f"- {_pattern(p)}")
+    reasoning = (patch.get("patch") or {}).get("reasoning")
+    if reasoning:
+        lines += ["", f"**Reasoning**: {_short(reasoning)}"]
+    lines += ["", f"**Kept {payload_key}** ({mb['kept']} of {mb['proposed']} proposed)", ""]
+    for row in rows:
+        status = row.get("apply", {})
+        tag = f" [{status['status']}{': ' + status['reason'] if status.get('reason') else ''}]" if status else ""
+        lines.append(f"{row['position'] + 1}. {_item(row['item'])}{tag}")
+    notes = patch.get("appendix_notes")
+    if notes:
+        lines += ["", "**Appendix notes**", ""] + [f"- {_short(n)}" for n in notes]
+    return lines
+
+
+def _pattern(p: object) -> str:
+    if not isinstance(p, dict):
+        return _short(p)
+    name = p.get("pattern") or p.get("name") or ""
+    rest = {k: v for k, v in p.items() if k not in ("pattern", "name")}
+    return f"**{_short(name)}**: " + "; ".join(f"{k}: {_short(v)}" for k, v in rest.items())
+
+
+def _item(item: object) -> str:
+    if not isinstance(item, dict):
+        return _short(item)
+    head = item.get("op") or item.get("type") or item.get("title") or "item"
+    rest = {k: v for k, v in item.items() if k not in ("op", "type")}
+    return f"`{head}` " + "; ".join(f"{k}: {_short(v)}" for k, v in rest.items())
+
+
+def _short(value: object) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= SNIPPET else text[: SNIPPET - 1] + "…"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return out
