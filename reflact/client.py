@@ -80,10 +80,19 @@ def estimate_tokens(messages: list[dict]) -> int:
     return sum(len(m["content"]) for m in messages) // CHARS_PER_TOKEN
 
 
+def redact(text: str, secret: str) -> str:
+    """Error texts can echo the key (or a part of it); none of it may reach a log or a file."""
+    if not secret:
+        return text
+    text = text.replace(secret, "***")
+    return text.replace(secret[-8:], "***") if len(secret) >= 16 else text
+
+
 class OptimizerClient:
-    def __init__(self, cfg: OptimizerConfig, sdk: object, cache: ResponseCache | None = None) -> None:
+    def __init__(self, cfg: OptimizerConfig, sdk: object, cache: ResponseCache | None = None, secret: str = "") -> None:
         self.cfg = cfg
         self._sdk = sdk
+        self._secret = secret
         self.cache = cache
         self._limiter = RateLimiter(cfg.rpm, cfg.tpm) if (cfg.rpm or cfg.tpm) else None
         self._schema_rejected = threading.Event()  # `auto`: this server answered 400 to a JSON schema
@@ -159,7 +168,7 @@ class OptimizerClient:
                         structured, started, wall = "off", time.monotonic(), time.time()
                         response = self._sdk.chat.completions.create(**logical)
         except Exception as exc:  # noqa: BLE001 - every SDK failure becomes a recorded failed call
-            raise CallError(describe_error(exc), retries=max(attempts - 1, 0)) from None
+            raise CallError(redact(describe_error(exc), self._secret), retries=max(attempts - 1, 0)) from None
         choice = response.choices[0] if response.choices else None
         return Reply(
             text=(choice.message.content or "") if choice else "",
@@ -194,7 +203,7 @@ def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: dict | None = N
     if cfg.cache is not CacheMode.off:
         path = Path(cfg.cache_path) if cfg.cache_path else launch_dir / "outputs" / "cache.db"
         cache = ResponseCache(path, cfg.cache)
-    return OptimizerClient(cfg, sdk, cache)
+    return OptimizerClient(cfg, sdk, cache, secret=key)
 
 
 def is_transient(exc: BaseException) -> bool:

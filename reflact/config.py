@@ -51,6 +51,7 @@ class DataConfig:
     results: Optional[str] = None
     predictions: Optional[str] = None
     on_bad_conversation: OnBadConversation = OnBadConversation.error
+    max_file_mb: float = 64.0  # any input file larger than this is bad input (a runaway log, a wrong path)
 
 
 @dataclass

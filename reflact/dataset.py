@@ -31,6 +31,7 @@ class Dataset:
     skill: str
     results: list[Result]  # sorted by id
     predictions: Path
+    max_bytes: int
     skipped: dict[str, str] = field(default_factory=dict)  # id -> why it is not shown
 
     def conversation_path(self, run_id: str) -> Path:
@@ -48,11 +49,12 @@ def load_dataset(data: DataConfig) -> Dataset:
     if data.dir and not Path(data.dir).is_dir():
         raise UserError(f"data.dir: no such folder: {data.dir}")
     skill_path, results_path, predictions = dataset_paths(data)
-    skill = read_text(skill_path, "data.skill")
-    results = load_results(results_path)
-    dataset = Dataset(skill=skill, results=results, predictions=predictions)
+    max_bytes = int(data.max_file_mb * 1024 * 1024)
+    skill = read_text(skill_path, "data.skill", max_bytes)
+    results = load_results(results_path, max_bytes)
+    dataset = Dataset(skill=skill, results=results, predictions=predictions, max_bytes=max_bytes)
     for result in results:
-        problem = check_conversation(dataset.conversation_path(result.id))
+        problem = check_conversation(dataset.conversation_path(result.id), max_bytes)
         if problem is None:
             continue
         kind, message = problem
@@ -62,17 +64,24 @@ def load_dataset(data: DataConfig) -> Dataset:
     return dataset
 
 
-def read_text(path: Path, key: str) -> str:
+def read_text(path: Path, key: str, max_bytes: int) -> str:
     if not path.is_file():
         raise UserError(f"{key}: no such file: {path}")
     try:
-        return path.read_bytes().decode("utf-8")
+        return read_limited(path, max_bytes).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
-def load_results(path: Path) -> list[Result]:
-    text = read_text(path, "data.results")
+def read_limited(path: Path, max_bytes: int | None) -> bytes:
+    size = path.stat().st_size
+    if max_bytes is not None and size > max_bytes:
+        raise UserError(f"{path}: {size / 2**20:.1f} MB is over the limit data.max_file_mb={max_bytes / 2**20:g}")
+    return path.read_bytes()
+
+
+def load_results(path: Path, max_bytes: int) -> list[Result]:
+    text = read_text(path, "data.results", max_bytes)
     if text.lstrip().startswith("["):
         rows = _json_array_rows(text, path)
     else:
@@ -143,21 +152,21 @@ def check_id(value: object, where: str) -> str:
     return run_id
 
 
-def check_conversation(path: Path) -> tuple[str, str] | None:
-    """None when usable; ("skip", why) when missing or empty; ("bad", why) when corrupt."""
+def check_conversation(path: Path, max_bytes: int) -> tuple[str, str] | None:
+    """None when usable; ("skip", why) when missing or empty; ("bad", why) when corrupt or too large."""
     if not path.is_file():
         return "skip", "missing conversation"
     try:
-        conversation = parse_conversation(path)
-    except ValueError as exc:
+        conversation = parse_conversation(path, max_bytes)
+    except (ValueError, UserError) as exc:
         return "bad", str(exc)
     if not conversation:
         return "skip", "empty conversation"
     return None
 
 
-def parse_conversation(path: Path) -> list:
-    raw = path.read_bytes()
+def parse_conversation(path: Path, max_bytes: int | None = None) -> list:
+    raw = read_limited(path, max_bytes)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -174,12 +183,12 @@ def parse_conversation(path: Path) -> list:
 
 
 def load_trajectory(dataset: Dataset, result: Result) -> Trajectory:
-    conversation = parse_conversation(dataset.conversation_path(result.id))
+    conversation = parse_conversation(dataset.conversation_path(result.id), dataset.max_bytes)
     extras = {"reference_text": result.fields.get("reference_text")}
     for key in EXTRA_FILES:
         value = result.fields.get(key)
         if not value:
             extra = dataset.predictions / result.id / f"{key}.txt"
-            value = extra.read_text(encoding="utf-8", errors="replace") if extra.is_file() else ""
+            value = read_limited(extra, dataset.max_bytes).decode("utf-8", "replace") if extra.is_file() else ""
         extras[key] = value
     return Trajectory(result=result, conversation=conversation, extras=extras)

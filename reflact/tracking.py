@@ -98,7 +98,10 @@ def log_run(
     try:
         return _log(uri, cfg, params, summary, run_dir, launch_dir, sweep_dir)
     except Exception as exc:  # noqa: BLE001 - tracking must never lose the local results
-        log.warning("MLflow logging to %s failed (%s); the run's outputs are complete in %s", uri, exc, run_dir)
+        log.warning(
+            "MLflow logging to %s failed (%s): nothing of this run was logged there. Its outputs are complete "
+            "in %s; log them later with: python -m reflact.relog %s", uri, _one_line(exc), run_dir, run_dir,
+        )
         return None
 
 
@@ -154,6 +157,11 @@ def _log(uri: str, cfg: ReflactConfig, params: dict, summary: dict, run_dir: Pat
     finally:
         client.set_terminated(run_id, status)
     return run_id
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:299] + "…"
 
 
 def _delete(client, run_id: str) -> None:
