@@ -39,6 +39,11 @@ class CacheMode(Enum):
     off = "off"
 
 
+class ContextOverflow(Enum):
+    split = "split"  # halve the minibatch until each part fits
+    shorten = "shorten"  # shorten its longest items in the middle
+
+
 class Provider(Enum):
     openai = "openai"  # OpenAI or any OpenAI-compatible server at base_url
     azure = "azure"
@@ -125,6 +130,8 @@ class OptimizerConfig:
     sample: int = 0  # part of the cache key: with temperature > 0, sample=1,2,... are fresh draws
     cache: CacheMode = CacheMode.read_write
     cache_path: Optional[str] = None  # default: <launch dir>/outputs/cache.db
+    context_window: Optional[int] = None  # tokens; prompts that would not fit are split or shortened
+    context_overflow: ContextOverflow = ContextOverflow.split
     max_cost_usd: Optional[float] = None  # once spent, no new call starts
     rpm: Optional[int] = None  # requests per minute, shared by all workers of a run
     tpm: Optional[int] = None  # tokens per minute (prompt estimate + output allowance)

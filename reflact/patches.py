@@ -92,3 +92,26 @@ def _describe(err: dict) -> str:
     field = ".".join(str(part) for part in err.get("loc", ()))
     message = err.get("msg", "invalid").removeprefix("Value error, ")
     return f"{field}: {message}" if field else message
+
+
+def merge_replies(parts: list[CheckedReply], mode: Mode, budget: int) -> CheckedReply:
+    """One patch from the calls of a minibatch that was split to fit the context window:
+    summaries and notes joined, items taken in turn from each part, then cut to the budget."""
+    key = mode.payload_key
+    merged: dict = {"parts": len(parts)}
+    for part in parts:
+        for field, value in part.obj.items():
+            if field == "patch":
+                continue
+            if isinstance(value, list):
+                merged[field] = [*merged.get(field, []), *value]
+            else:
+                merged.setdefault(field, value)
+    lists = [part.obj["patch"][key] for part in parts]
+    interleaved = [items[i] for i in range(max(map(len, lists))) for items in lists if i < len(items)]
+    kept = cut(interleaved, budget)
+    merged["patch"] = {
+        "reasoning": "\n\n".join(str(part.obj["patch"].get("reasoning", "")) for part in parts),
+        key: kept,
+    }
+    return CheckedReply(obj=merged, proposed=sum(part.proposed for part in parts), kept=len(kept))

@@ -52,8 +52,20 @@ def render_item(item: object) -> list[str]:
     return [f"[{role}] {text_of(item.get('content'))}"]
 
 
-def render_conversation(conversation: list) -> str:
-    return "\n".join(line for item in conversation for line in render_item(item))
+def render_conversation(conversation: list, max_item_chars: int | None = None) -> str:
+    lines = (line for item in conversation for line in render_item(item))
+    if max_item_chars is not None:
+        lines = (shorten(line, max_item_chars) for line in lines)
+    return "\n".join(lines)
+
+
+def shorten(text: str, limit: int) -> str:
+    """Keep the head and the tail, where errors and answers usually are; say what was cut."""
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 40, 20)
+    head, tail = text[: keep // 2], text[len(text) - keep // 2 :]
+    return f"{head} … [{len(text) - 2 * (keep // 2)} characters cut] … {tail}"
 
 
 def fence(text: str) -> str:
@@ -67,8 +79,18 @@ def inline(value: object) -> str:
     return text_of(value).replace("\r", "").replace("\n", "\\n")
 
 
-def render_block(position: int, total: int, run_id: str, result: dict, extras: dict[str, str], conversation: list) -> str:
-    """One trajectory block; `extras` holds the optional sections found beside the run."""
+def render_block(
+    position: int,
+    total: int,
+    run_id: str,
+    result: dict,
+    extras: dict[str, str],
+    conversation: list,
+    max_item_chars: int | None = None,
+) -> str:
+    """One trajectory block; `extras` holds the optional sections found beside the run.
+
+    With `max_item_chars`, long items and extras are shortened to fit a context window."""
     task = result.get("task_description") or result.get("instruction") or ""
     task_type = result.get("task_type") or result.get("instruction_type") or ""
     lines = [
@@ -84,6 +106,6 @@ def render_block(position: int, total: int, run_id: str, result: dict, extras: d
     for key, heading in OPTIONAL_SECTIONS:
         value = text_of(extras.get(key)).strip()
         if value:
-            lines += ["", f"#### {heading}", fence(value)]
-    lines += ["", "#### Trajectory", fence(render_conversation(conversation))]
+            lines += ["", f"#### {heading}", fence(value if max_item_chars is None else shorten(value, max_item_chars))]
+    lines += ["", "#### Trajectory", fence(render_conversation(conversation, max_item_chars))]
     return "\n".join(lines)

@@ -13,12 +13,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from reflact.client import CallError, OptimizerClient, Reply, Usage, estimate_tokens
-from reflact.config import ReflactConfig
+from reflact.config import ContextOverflow, ReflactConfig
 from reflact.dataset import Dataset, Result, load_trajectory
 from reflact.files import read_json, write_json, write_text
 from reflact.modes import Mode, get_mode, reply_schema
 from reflact.parse import ParseError, extract_object
-from reflact.patches import CheckedReply, ReplyError, check_reply
+from reflact.patches import CheckedReply, ReplyError, check_reply, merge_replies
 from reflact.prompts import SystemPrompts, resolve_system_prompts, text_or_file, user_message
 from reflact.render import render_block
 
@@ -27,6 +27,7 @@ log = logging.getLogger("reflact")
 GROUP_TAG = {"failure": "fail", "success": "succ"}
 # a dry run's guess of a reply's length: edits or suggestions are short, a full rewrite is a whole skill
 DRY_RUN_REPLY_TOKENS = 1500
+SHORTEN_STEPS = (16000, 8000, 4000, 2000, 1000, 500, 200)  # characters per item, tried in turn
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class Outcome:
     cost_usd: float = 0.0  # what the patch cost (its usage priced)
     spent_usd: float = 0.0  # what this run paid: calls made now, not cache hits or reused patches
     latency_s: float = 0.0
+    parts: int = 1  # calls the minibatch was split into to fit the context window
+    shortened: int = 0  # when items were shortened to fit: their new length in characters
     parse: str = ""  # ok, or why the last reply was not usable
     error: str = ""
     call_log: list[dict] = field(default_factory=list)  # one record per request or cache hit
@@ -218,33 +221,77 @@ class Stage:
         if not shown:
             outcome.status = "skipped"
             return outcome
-        messages = self._messages(mb.group, shown)
-        fp = fingerprint(self.cfg, messages)
+        parts = self._fit(mb, shown, outcome)
+        fp = fingerprint(self.cfg, [m for part in parts for m in part])
         patch_path = self.patches_dir / f"{mb.tag}.json"
         saved = read_json(patch_path)
         if isinstance(saved, dict) and saved.get("fingerprint") == fp:
             return self._reused(outcome, saved)
         call_dir = self.calls_dir / mb.tag
-        for old in call_dir.glob("reply_*.txt"):  # replies of an earlier, stale attempt
+        for old in [*call_dir.glob("reply_*.txt"), *call_dir.glob("user_*.md")]:  # from an earlier, stale attempt
             old.unlink()
-        write_text(call_dir / "system.md", messages[0]["content"])
-        write_text(call_dir / "user.md", messages[1]["content"])
+        write_text(call_dir / "system.md", parts[0][0]["content"])
+        for number, part in enumerate(parts, 1):
+            write_text(call_dir / ("user.md" if number == 1 else f"user_{number}.md"), part[1]["content"])
         if self.client is None:
-            self._estimate(outcome, messages)
+            self._estimate(outcome, [m for part in parts for m in part])
         else:
-            checked = self._call(mb, messages, outcome, call_dir)
-            if checked is not None:
+            checked = []
+            for part in parts:
+                result = self._call(mb, part, outcome, call_dir)
+                if result is None:
+                    break
+                checked.append(result)
+            if len(checked) == len(parts):
+                merged = checked[0] if len(checked) == 1 else merge_replies(checked, self.mode, self.cfg.reflect.edit_budget)
+                outcome.proposed, outcome.kept = merged.proposed, merged.kept
                 patch = {
-                    **checked.obj,
+                    **merged.obj,
                     "source_type": mb.group,
                     "trajectory_ids": ids,
                     "n_analysed": len(shown),
-                    "n_proposed": checked.proposed,
+                    "n_proposed": merged.proposed,
                     "fingerprint": fp,
                 }
                 write_json(patch_path, patch)
         write_json(call_dir / "outcome.json", asdict(outcome))
         return outcome
+
+    def _fit(self, mb: Minibatch, shown: list[Result], outcome: Outcome) -> list[list[dict]]:
+        """The messages of the call(s) for a minibatch, within `optimizer.context_window`.
+
+        A prompt that would not fit is split into halves (full rewrite, a single trajectory, or
+        context_overflow=shorten: its longest items are shortened in the middle instead).
+        """
+        messages = self._messages(mb.group, shown)
+        if self._fits(messages):
+            return [messages]
+        window = self.cfg.optimizer.context_window
+        can_split = len(shown) > 1 and not self.mode.full_rewrite
+        if self.cfg.optimizer.context_overflow is ContextOverflow.split and can_split:
+            half = (len(shown) + 1) // 2
+            outcome.parts += 1
+            log.info("%s: ~%d prompt tokens do not fit optimizer.context_window=%d; splitting %d trajectories "
+                     "into %d + %d", mb.tag, estimate_tokens(messages), window, len(shown), half, len(shown) - half)
+            return self._fit(mb, shown[:half], outcome) + self._fit(mb, shown[half:], outcome)
+        for limit in SHORTEN_STEPS:
+            messages = self._messages(mb.group, shown, max_item_chars=limit)
+            if self._fits(messages):
+                break
+        outcome.shortened = limit
+        if self._fits(messages):
+            log.info("%s: items shortened to %d characters to fit optimizer.context_window=%d (~%d prompt tokens)",
+                     mb.tag, limit, window, estimate_tokens(messages))
+        else:
+            log.warning("%s: ~%d prompt tokens still exceed optimizer.context_window=%d with items shortened to %d "
+                        "characters (the skill and templates alone are too long?); calling anyway",
+                        mb.tag, estimate_tokens(messages), window, limit)
+        return [messages]
+
+    def _fits(self, messages: list[dict]) -> bool:
+        window = self.cfg.optimizer.context_window
+        # chars/4 is a rough count: keep a tenth of the window in reserve
+        return window is None or estimate_tokens(messages) + self.max_output_tokens <= 0.9 * window
 
     def _reused(self, outcome: Outcome, saved: dict) -> Outcome:
         """A saved patch stands; its record keeps what it cost when it was made, so a resumed
@@ -269,11 +316,12 @@ class Stage:
         outcome.cost_usd = outcome.usage.cost_usd(self.price)
         self.spend.add(outcome.usage, outcome.cost_usd)
 
-    def _messages(self, group: str, shown: list[Result]) -> list[dict]:
+    def _messages(self, group: str, shown: list[Result], max_item_chars: int | None = None) -> list[dict]:
         blocks = []
         for position, result in enumerate(shown, 1):
             t = load_trajectory(self.dataset, result)
-            blocks.append(render_block(position, len(shown), result.id, result.fields, t.extras, t.conversation))
+            blocks.append(render_block(position, len(shown), result.id, result.fields, t.extras, t.conversation,
+                                       max_item_chars))
         system = self.system.failure if group == "failure" else self.system.success
         user = user_message(
             self.dataset.skill, self.mode, self.cfg.reflect.edit_budget, group, blocks, self.step_buffer, self.meta_skill
@@ -300,8 +348,8 @@ class Stage:
                 if reply is None:
                     return None
                 replies.append(reply)
-                write_text(call_dir / f"reply_{attempt + 1}.txt", reply.text)
-                outcome.reasks = attempt
+                write_text(call_dir / f"reply_{len(outcome.call_log)}.txt", reply.text)
+                outcome.reasks += 1 if attempt else 0
                 if reply.finish_reason == "length":
                     if allowance >= self.cfg.optimizer.max_output_tokens_ceiling:
                         outcome.parse = f"cut off at the output-token ceiling ({allowance})"
@@ -322,13 +370,12 @@ class Stage:
                     ]
                     continue
                 outcome.parse = "ok"
-                outcome.proposed, outcome.kept = checked.proposed, checked.kept
                 return checked
             outcome.status, outcome.error = "failed", f"no usable reply: {outcome.parse}"
             self.client.forget(replies)
             return None
         finally:
-            outcome.latency_s = round(time.monotonic() - started, 3)
+            outcome.latency_s = round(outcome.latency_s + time.monotonic() - started, 3)
             outcome.cost_usd = outcome.usage.cost_usd(self.price)
 
     def _one_call(self, conversation: list[dict], allowance: int, schema: dict, outcome: Outcome) -> Reply | None:

@@ -19,7 +19,7 @@ RUN_FILE = "mlflow_run.json"  # in a run dir: the MLflow run it was logged as
 PARENT_FILE = "mlflow_parent.json"  # in a sweep dir: the sweep's parent run
 PARAM_MAX_CHARS = 500  # long texts (step buffer, meta skill) go in as artifacts, not params
 MINIBATCH_METRICS = ("analysed", "skipped", "proposed", "kept", "truncated", "calls", "failed_calls", "reasks",
-                     "retries", "cache_hits", "cost_usd", "spent_usd", "latency_s")
+                     "retries", "cache_hits", "parts", "shortened", "cost_usd", "spent_usd", "latency_s")
 
 
 def default_tracking_uri(launch_dir: Path) -> str:
