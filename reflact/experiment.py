@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Callable
 
 from reflact.client import make_client
 from reflact.config import ReflactConfig
@@ -19,13 +20,21 @@ log = logging.getLogger("reflact")
 
 
 def run_experiment(
-    cfg: ReflactConfig, params: dict, run_dir: Path, launch_dir: Path, sweep_dir: Path | None = None
+    cfg: ReflactConfig,
+    params: dict,
+    run_dir: Path,
+    launch_dir: Path,
+    sweep_dir: Path | None = None,
+    record_config: Callable[[], None] | None = None,
 ) -> dict:
-    """Everything that can be wrong with the inputs is found before the first call."""
+    """Everything that can be wrong with the inputs is found before the first call, and before
+    `record_config` writes the run's config beside its outputs (a bad rerun changes nothing)."""
     started = time.monotonic()
     dataset = load_dataset(cfg.data)
     client = None if cfg.optimizer.dry_run else make_client(cfg.optimizer, launch_dir)
     stage = Stage(cfg, dataset, client, run_dir)
+    if record_config is not None:
+        record_config()
     if dataset.skipped:
         log.info("skipping %d run(s) without a usable conversation: %s", len(dataset.skipped),
                  ", ".join(sorted(dataset.skipped)[:10]) + (" ..." if len(dataset.skipped) > 10 else ""))

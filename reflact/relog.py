@@ -46,10 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", default=None, help="default: the run's own mlflow.tracking_uri")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from reflact.config import user_error_message
+
     try:
         run_id = relog(args.run_dir, Path.cwd(), args.tracking_uri)
-    except UserError as exc:
-        print(f"reflact: error: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - user mistakes in one line; bugs keep their traceback
+        message = user_error_message(exc)
+        if message is None:
+            raise
+        print(f"reflact: error: {message}", file=sys.stderr)
         return 2
     if run_id is None:
         return 1

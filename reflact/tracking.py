@@ -7,6 +7,7 @@ paid-for reply: the run dir stays complete and the run ends with a warning.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from reflact.config import ReflactConfig
@@ -95,6 +96,10 @@ def log_run(
     sweep's parent run and carries the sweep id as a tag either way.
     """
     uri = tracking_uri(cfg, launch_dir)
+    # MLflow's default (7 retries with backoff) would hold a finished run for minutes when the
+    # server is down; the outputs are safe on disk, so give up sooner (unless the user set it)
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
     try:
         return _log(uri, cfg, params, summary, run_dir, launch_dir, sweep_dir)
     except Exception as exc:  # noqa: BLE001 - tracking must never lose the local results

@@ -63,6 +63,33 @@ def all_runs(launch_dir: Path) -> list:
     return client.search_runs(ids) if ids else []
 
 
+def mlflow_state(launch_dir: Path, experiment: str) -> list[dict]:
+    """The experiment's active runs, oldest first, with what the tests look at (read at once:
+    a later rerun of the same run dir may replace a run)."""
+    client = mlflow_client(launch_dir)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    state = []
+    for run in client.search_runs([found.experiment_id], order_by=["attribute.start_time ASC"]):
+        run_id = run.info.run_id
+
+        def listing(path=None, run_id=run_id):
+            return {a.path for a in client.list_artifacts(run_id, path)}
+
+        state.append({
+            "run_id": run_id,
+            "status": run.info.status,
+            "artifact_uri": run.info.artifact_uri,
+            "params": dict(run.data.params),
+            "metrics": dict(run.data.metrics),
+            "tags": dict(run.data.tags),
+            "kept_history": sorted((m.step, m.value) for m in client.get_metric_history(run_id, "minibatch/kept")),
+            "artifacts": {p: listing(p) for p in (None, "patches", "calls/minibatch_fail_000", "run")},
+        })
+    return state
+
+
 def is_failure_call(request: dict) -> bool:
     return "## Failed Trajectories" in request["messages"][1]["content"]
 
@@ -119,6 +146,8 @@ def demo(tmp_path_factory, migrated_store):
                 "patch_bytes": file_bytes(run_dir / "patches") if (run_dir / "patches").is_dir() else {},
                 "patches": patches_of(run_dir) if (run_dir / "patches").is_dir() else {},
                 "summary_bytes": (run_dir / "summary.json").read_bytes() if (run_dir / "summary.json").is_file() else b"",
+                "hydra_bytes": file_bytes(run_dir / ".hydra") if (run_dir / ".hydra").is_dir() else {},
+                "mlflow": mlflow_state(launch, "reflact-demo"),
             }
 
         step("first")
@@ -176,13 +205,21 @@ def test_config_error_leaves_a_finished_run_dir_alone(demo):
     assert bad["summary_bytes"] == again["summary_bytes"]
 
 
+def test_config_error_leaves_the_recorded_config_alone(demo):
+    # README: "earlier outputs are left as they were"; .hydra/ is the record of the config that
+    # made the patches beside it
+    bad, again = demo["steps"]["bad"], demo["steps"]["again"]
+    assert bad["proc"].returncode == 2
+    assert bad["hydra_bytes"] == again["hydra_bytes"]
+
+
 def test_other_edit_budget_redoes_every_minibatch(demo):
     budget = demo["steps"]["budget"]
     ok(budget["proc"])
     assert budget["new_requests"] == 4
     counts = budget["summary"]["counts"]
     assert counts["minibatches_done"] == 4 and counts["minibatches_reused"] == 0
-    assert "reused" not in budget["proc"].stdout + budget["proc"].stderr
+    assert "reused saved patch" not in output(budget["proc"])
     assert sorted(budget["patches"]) == DEMO_TAGS
     assert all(len(p["patch"]["edits"]) == 2 for p in budget["patches"].values())
     assert budget["summary"]["settings"]["edit_budget"] == 2
@@ -195,53 +232,58 @@ def test_other_edit_budget_redoes_every_minibatch(demo):
 
 def test_demo_run_is_logged_to_mlflow(demo):
     launch = demo["launch"]
-    client = mlflow_client(launch)
-    experiment = client.get_experiment_by_name("reflact-demo")
-    assert experiment is not None
-    runs = client.search_runs([experiment.experiment_id], order_by=["attribute.start_time ASC"])
-    assert len(runs) == 3  # the failed run in step 3 logs nothing
-    run = runs[0]
-    assert run.info.status == "FINISHED"
+    state = demo["steps"]["first"]["mlflow"]
+    assert len(state) == 1
+    run = state[0]
+    assert run["status"] == "FINISHED"
+    assert run["tags"].get("reflact.run_dir") == str(demo["run_dir"])
 
-    params = run.data.params
+    params = run["params"]
     assert params["reflect.minibatch_size"] == "8"
     assert params["reflect.edit_budget"] == "4"
+    assert params["reflect.seed"] == "42"
     assert params["optimizer.model"] == "test"
     assert params["mlflow.experiment"] == "reflact-demo"
     assert params["template_hash.failure"] and params["template_hash.success"]
     assert params["template_hash.failure"] != params["template_hash.success"]
 
-    metrics = run.data.metrics
+    metrics = run["metrics"]
     for key in ("M", "L", "seed", "mode", "calls", "edits_kept", "edits_proposed", "edits_truncated",
                 "tokens_prompt", "cost_usd", "wall_time_s"):
         assert key in metrics, key
     assert (metrics["M"], metrics["L"], metrics["seed"], metrics["mode"]) == (8, 4, 42, 0)
-    assert metrics["calls"] == 4 and metrics["edits_kept"] == 16 and metrics["edits_truncated"] == 8
+    assert metrics["calls"] == 4 and metrics["edits_kept"] == 16
+    assert metrics["edits_proposed"] == 24 and metrics["edits_truncated"] == 8
     assert metrics["tokens_prompt"] == 4 * 100  # the server reports 100 prompt tokens per call
+    assert metrics["wall_time_s"] > 0
 
-    history = client.get_metric_history(run.info.run_id, "minibatch/kept")
-    assert sorted(m.step for m in history) == [0, 1, 2, 3]
-    assert [m.value for m in history] == [4.0] * 4
+    # one point per minibatch, step = its position in the run
+    assert run["kept_history"] == [(0, 4.0), (1, 4.0), (2, 4.0), (3, 4.0)]
 
-    def listing(path=None):
-        return {a.path for a in client.list_artifacts(run.info.run_id, path)}
-
-    assert {"patches", "calls", "run"} <= listing()
-    assert {f"patches/{t}.json" for t in DEMO_TAGS} <= listing("patches")
+    artifacts = run["artifacts"]
+    assert {"patches", "calls", "run"} <= artifacts[None]
+    assert {f"patches/{t}.json" for t in DEMO_TAGS} <= artifacts["patches"]
     assert {"calls/minibatch_fail_000/system.md", "calls/minibatch_fail_000/user.md",
-            "calls/minibatch_fail_000/reply_1.txt"} <= listing("calls/minibatch_fail_000")
-    assert "run/summary.json" in listing("run")
+            "calls/minibatch_fail_000/reply_1.txt"} <= artifacts["calls/minibatch_fail_000"]
+    assert "run/summary.json" in artifacts["run"]
 
     # artifacts live beside the store under outputs/, not in a ./mlruns of the launch dir
     outputs = (launch / "outputs").resolve()
-    assert run.info.artifact_uri.startswith(outputs.as_uri())
-    stored = [p for p in outputs.rglob("summary.json")]
-    assert stored, "no artifact file under outputs/"
+    assert run["artifact_uri"].startswith(outputs.as_uri())
+    assert any(p.name == "minibatch_fail_000.json" for p in outputs.rglob("*.json"))
     assert not (launch / "mlruns").exists()
     assert not (launch / "mlflow.db").exists()
-    # the second run logged the reuse, the fourth the new budget
-    assert runs[1].data.metrics["minibatches_reused"] == 4 and runs[1].data.metrics["calls"] == 0
-    assert runs[2].data.metrics["L"] == 2
+
+
+def test_reruns_of_a_run_dir_show_once_in_mlflow(demo):
+    steps = demo["steps"]
+    first, again, bad, budget = (steps[k]["mlflow"] for k in ("first", "again", "bad", "budget"))
+    assert [len(s) for s in (first, again, bad, budget)] == [1, 1, 1, 1]
+    assert again[0]["run_id"] != first[0]["run_id"]
+    assert again[0]["metrics"]["minibatches_reused"] == 4 and again[0]["metrics"]["calls"] == 0
+    assert bad == again  # a config error logs nothing and replaces nothing
+    assert budget[0]["metrics"]["L"] == 2 and budget[0]["metrics"]["edits_kept"] == 8
+    assert budget[0]["params"]["reflect.edit_budget"] == "2"
 
 
 def test_api_key_is_never_written_anywhere(demo):
@@ -295,6 +337,13 @@ def test_config_error_is_one_line_with_exit_code_2(tmp_path, server, launch_dir,
     assert server.count == 0
     assert not (tmp_path / "run" / "patches").exists()
     assert all_runs(launch_dir) == []
+
+
+def test_unknown_key_with_plus_prefix_is_an_error(tmp_path, server, launch_dir):
+    # Hydra's own advice for a new key is the '+' prefix; the schema has no such key all the same
+    proc = cli(server, launch_dir, tmp_path / "run", "+exp=demo", "+reflect.minibatch_sz=3", "mlflow.enabled=false")
+    assert server.count == 0
+    assert_one_line_error(proc, ["reflect.minibatch_sz"])
 
 
 def test_no_key_and_no_base_url_is_an_error(tmp_path, server, launch_dir):
