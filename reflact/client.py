@@ -105,9 +105,7 @@ class OptimizerClient:
         if hit is not None:
             return Reply(hit["text"], hit["finish_reason"], Usage(**hit.get("usage", {})), 0.0, from_cache=True,
                          structured=hit.get("structured", "off"), started_at=time.time(), cache_key=key)
-        if self._limiter:
-            self._limiter.acquire(estimate_tokens(messages) + max_output_tokens)
-        reply = self._call_with_retries(logical, schema)
+        reply = self._call_with_retries(logical, schema, estimate_tokens(messages) + max_output_tokens)
         reply.cache_key = key
         if self.cache:
             self.cache.put(key, {"text": reply.text, "finish_reason": reply.finish_reason,
@@ -139,7 +137,7 @@ class OptimizerClient:
                                    "json_schema": {"name": "reflect_reply", "schema": schema, "strict": False}}
         return "off", None
 
-    def _call_with_retries(self, logical: dict, schema: dict | None) -> Reply:
+    def _call_with_retries(self, logical: dict, schema: dict | None, tokens: int) -> Reply:
         import openai
 
         retrying = Retrying(
@@ -153,6 +151,8 @@ class OptimizerClient:
             for attempt in retrying:
                 with attempt:
                     attempts += 1
+                    if self._limiter:  # every attempt is a request: retries are paced too
+                        self._limiter.acquire(tokens)
                     structured, response_format = self._response_format(schema)
                     request = {**logical, "response_format": response_format} if response_format else logical
                     started, wall = time.monotonic(), time.time()
@@ -168,7 +168,7 @@ class OptimizerClient:
                         structured, started, wall = "off", time.monotonic(), time.time()
                         response = self._sdk.chat.completions.create(**logical)
         except Exception as exc:  # noqa: BLE001 - every SDK failure becomes a recorded failed call
-            raise CallError(redact(describe_error(exc), self._secret), retries=max(attempts - 1, 0)) from None
+            raise CallError(describe_error(exc, self._secret), retries=max(attempts - 1, 0)) from None
         choice = response.choices[0] if response.choices else None
         return Reply(
             text=(choice.message.content or "") if choice else "",
@@ -265,13 +265,17 @@ def usage_of(response: object) -> Usage:
     )
 
 
-def describe_error(exc: BaseException) -> str:
+def describe_error(exc: BaseException, secret: str = "") -> str:
+    """One line about a failed call, with the key redacted before anything is cut."""
     import openai
 
     if isinstance(exc, openai.APIStatusError):
-        return f"HTTP {exc.status_code}: {str(exc.message)[:300]}"
-    if isinstance(exc, openai.APITimeoutError):
-        return "timed out"
-    if isinstance(exc, openai.APIConnectionError):
-        return f"connection failed: {exc.__cause__ or exc}"[:300]
-    return f"{type(exc).__name__}: {exc}"[:300]
+        text = f"HTTP {exc.status_code}: {exc.message}"
+    elif isinstance(exc, openai.APITimeoutError):
+        text = "timed out"
+    elif isinstance(exc, openai.APIConnectionError):
+        text = f"connection failed: {exc.__cause__ or exc}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    text = " ".join(redact(text, secret).split())
+    return text if len(text) <= 300 else text[:299] + "…"

@@ -153,9 +153,14 @@ def check_id(value: object, where: str) -> str:
 
 
 def check_conversation(path: Path, max_bytes: int) -> tuple[str, str] | None:
-    """None when usable; ("skip", why) when missing or empty; ("bad", why) when corrupt or too large."""
+    """None when usable; ("skip", why) when missing or empty; ("bad", why) when corrupt or too large
+    (the conversation, or an extras file beside it)."""
     if not path.is_file():
         return "skip", "missing conversation"
+    for key in EXTRA_FILES:
+        extra = path.parent / f"{key}.txt"
+        if extra.is_file() and extra.stat().st_size > max_bytes:
+            return "bad", f"{extra}: {extra.stat().st_size / 2**20:.1f} MB is over the limit data.max_file_mb={max_bytes / 2**20:g}"
     try:
         conversation = parse_conversation(path, max_bytes)
     except (ValueError, UserError) as exc:

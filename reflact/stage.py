@@ -113,6 +113,7 @@ def fingerprint(cfg: ReflactConfig, messages: list[dict]) -> str:
         "budget": cfg.reflect.edit_budget,
         "temperature": o.temperature,
         "reasoning_effort": o.reasoning_effort,
+        "sample": o.sample,
         "messages": messages,
     }
     return hashlib.sha256(json.dumps(shape, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
@@ -346,6 +347,7 @@ class Stage:
                     return None
                 reply = self._one_call(conversation, allowance, schema, outcome)
                 if reply is None:
+                    self.client.forget(replies)  # the conversation ended unusable: ask afresh next time
                     return None
                 replies.append(reply)
                 write_text(call_dir / f"reply_{len(outcome.call_log)}.txt", reply.text)
