@@ -165,6 +165,8 @@ class OptimizerClient:
                             self._schema_rejected.set()
                             log.warning("the server rejected a JSON schema (HTTP 400); asking without one from now on")
                         attempts += 1  # the rejected request counts as a retry
+                        if self._limiter:
+                            self._limiter.acquire(tokens)
                         structured, started, wall = "off", time.monotonic(), time.time()
                         response = self._sdk.chat.completions.create(**logical)
         except Exception as exc:  # noqa: BLE001 - every SDK failure becomes a recorded failed call
@@ -207,9 +209,13 @@ def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: dict | None = N
 
 
 def is_transient(exc: BaseException) -> bool:
+    import json
+
     import openai
 
-    if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError)):
+    # a 200 whose body is not JSON, or not a completion, is a proxy's page or a torn response
+    if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, openai.APIResponseValidationError,
+                        json.JSONDecodeError)):
         return True
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code in (408, 409, 429) or exc.status_code >= 500

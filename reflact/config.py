@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 from reflact.errors import UserError
 from reflact.modes import normalize_mode
@@ -137,7 +137,9 @@ class OptimizerConfig:
     tpm: Optional[int] = None  # tokens per minute (prompt estimate + output allowance)
     dry_run: bool = False  # build and save every prompt, estimate tokens and cost, call nothing
     retry: RetryConfig = field(default_factory=RetryConfig)
-    prices: Dict[str, Price] = field(default_factory=dict)
+    # model -> {input, cached_input, output}; plain dicts so a new model can be priced on the
+    # command line (+optimizer.prices.my-model={input:1,output:2}); checked by validate()
+    prices: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -200,6 +202,7 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
         )
     if not o.model:
         raise UserError("optimizer.model is empty: set the optimizer model's name")
+    o.prices = {model: _price(model, value) for model, value in o.prices.items()}
     r.update_mode = normalize_mode(r.update_mode)
     d = cfg.data
     if not d.dir and not (d.skill and d.results):
@@ -221,6 +224,21 @@ def dataset_paths(data: DataConfig) -> tuple[Path, Path, Path]:
     else:
         predictions = (base or results.parent) / "predictions"
     return skill, results, predictions
+
+
+def _price(model: str, value: object) -> Price:
+    if isinstance(value, Price):
+        return value
+    try:
+        price = Price(**dict(value))
+        for amount in (price.input, price.cached_input, price.output):
+            if float(amount) < 0:
+                raise ValueError("negative")
+        return Price(float(price.input), float(price.cached_input), float(price.output))
+    except (TypeError, ValueError):
+        raise UserError(
+            f"optimizer.prices.{model}: expected {{input, cached_input, output}} as non-negative numbers, got {value!r}"
+        ) from None
 
 
 def _at_least(value: int, low: int, key: str) -> None:

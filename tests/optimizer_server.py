@@ -64,6 +64,10 @@ def default_reply(request: dict) -> dict:
     return reply
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # many workers connect at once; the default backlog of 5 drops some
+
+
 class OptimizerServer:
     def __init__(self, script=None) -> None:
         self.script = script
@@ -107,7 +111,7 @@ class OptimizerServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test)
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = _Server(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
