@@ -76,7 +76,7 @@ def read_text(path: Path, key: str, max_bytes: int) -> str:
 def read_limited(path: Path, max_bytes: int | None) -> bytes:
     size = path.stat().st_size
     if max_bytes is not None and size > max_bytes:
-        raise UserError(f"{path}: {size / 2**20:.1f} MB is over the limit data.max_file_mb={max_bytes / 2**20:g}")
+        raise UserError(f"{path}: {size:,} bytes, over the {max_bytes:,} that data.max_file_mb allows")
     return path.read_bytes()
 
 
@@ -160,7 +160,7 @@ def check_conversation(path: Path, max_bytes: int) -> tuple[str, str] | None:
     for key in EXTRA_FILES:
         extra = path.parent / f"{key}.txt"
         if extra.is_file() and extra.stat().st_size > max_bytes:
-            return "bad", f"{extra}: {extra.stat().st_size / 2**20:.1f} MB is over the limit data.max_file_mb={max_bytes / 2**20:g}"
+            return "bad", f"{extra}: {extra.stat().st_size:,} bytes, over the {max_bytes:,} that data.max_file_mb allows"
     try:
         conversation = parse_conversation(path, max_bytes)
     except (ValueError, UserError) as exc:

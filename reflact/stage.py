@@ -180,6 +180,8 @@ class Stage:
             r.workers, " (dry run: no calls)" if self.client is None else "",
         )
         self.patches_dir.mkdir(parents=True, exist_ok=True)
+        for leftover in [*self.patches_dir.glob(".*.tmp"), *self.calls_dir.glob("*/.*.tmp")]:
+            leftover.unlink()  # half-written files of a run that was killed
         outcomes: dict[str, Outcome] = {}
         with ThreadPoolExecutor(max_workers=r.workers) as pool:
             futures = [pool.submit(self.process, mb) for mb in plan]
@@ -254,7 +256,10 @@ class Stage:
                     "n_proposed": merged.proposed,
                     "fingerprint": fp,
                 }
+                # the record first: a patch on disk (what resume trusts) always has its record
+                write_json(call_dir / "outcome.json", asdict(outcome))
                 write_json(patch_path, patch)
+                return outcome
         write_json(call_dir / "outcome.json", asdict(outcome))
         return outcome
 
