@@ -64,7 +64,7 @@ def load_dataset(data: DataConfig) -> Dataset:
     return dataset
 
 
-def read_text(path: Path, key: str, max_bytes: int) -> str:
+def read_text(path: Path, key: str, max_bytes: int | None = None) -> str:
     if not path.is_file():
         raise UserError(f"{key}: no such file: {path}")
     try:
@@ -99,24 +99,36 @@ def load_results(path: Path, max_bytes: int) -> list[Result]:
     return sorted(results, key=lambda r: r.id)
 
 
+def loads(text: str, path: Path, line: int | None = None) -> object:
+    """JSON from a file (or from line `line` of it); a UserError naming the file and line if not."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}:{line or exc.lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
+
+
+def finite_number(obj: dict, key: str, where: str) -> float:
+    """A run's score: a finite number (not a bool), or a UserError naming the key and place."""
+    value = obj.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        got = "missing" if key not in obj else repr(value)
+        raise UserError(f"{where}: '{key}' must be a number (the run's score), got {got}")
+    return float(value)
+
+
+def jsonl_lines(text: str):
+    """(line number, line) of the non-blank lines; only \n ends a line (JSON strings may hold
+    U+2028 and the like, which str.splitlines would break on)."""
+    return ((n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip())
+
+
 def _jsonl_rows(text: str, path: Path) -> list[tuple[str, str, object]]:
-    """(where, label, object) per line; only \n ends a line (JSON strings may hold U+2028 and the like)."""
-    rows = []
-    for number, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append((f"{path}:{number}", f"line {number}", json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{number}: not JSON ({exc.msg} at column {exc.colno})") from None
-    return rows
+    """(where, label, object) per line."""
+    return [(f"{path}:{n}", f"line {n}", loads(line, path, n)) for n, line in jsonl_lines(text)]
 
 
 def _json_array_rows(text: str, path: Path) -> list[tuple[str, str, object]]:
-    try:
-        items = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}:{exc.lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
+    items = loads(text, path)
     if not isinstance(items, list):
         raise UserError(f"{path}: expected a JSON array of results")
     # an array has no useful line numbers: name the item instead
@@ -128,12 +140,7 @@ def _result(obj: object, where: str) -> Result:
         raise UserError(f"{where}: a result must be a JSON object, got {type(obj).__name__}")
     if "id" not in obj:
         raise UserError(f"{where}: result has no 'id'")
-    run_id = check_id(obj["id"], where)
-    hard = obj.get("hard")
-    if isinstance(hard, bool) or not isinstance(hard, (int, float)) or not math.isfinite(hard):
-        got = "missing" if "hard" not in obj else repr(hard)
-        raise UserError(f"{where}: 'hard' must be a number (the run's score), got {got}")
-    return Result(id=run_id, hard=float(hard), fields=obj)
+    return Result(id=check_id(obj["id"], where), hard=finite_number(obj, "hard", where), fields=obj)
 
 
 def check_id(value: object, where: str) -> str:

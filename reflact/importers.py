@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -170,32 +169,11 @@ def message_text(content: object) -> str:
 # ---------------------------------------------------------------- reading the inputs
 
 
-def read_input(path: Path) -> str:
-    if not path.is_file():
-        raise UserError(f"{path}: no such file")
-    try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-
-
-def score(obj: dict, key: str, where: str) -> float:
-    value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        got = "missing" if key not in obj else repr(value)
-        raise UserError(f"{where}: '{key}' must be a number (the run's score), got {got}")
-    return float(value)
-
-
 def load_taubench(path: Path) -> Imported:
     """tau-bench result files: a JSON list of {task_id, trial, reward, info, traj}."""
-    from reflact.dataset import check_id
+    from reflact.dataset import check_id, finite_number, jsonl_lines, loads, read_text
 
-    text = read_input(path)
-    try:
-        items = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}:{exc.lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
+    items = loads(read_text(path, "input"), path)
     if not isinstance(items, list):
         raise UserError(f"{path}: expected a JSON list of tau-bench runs, got {type(items).__name__}")
     runs = []
@@ -212,7 +190,7 @@ def load_taubench(path: Path) -> Imported:
             trial = _id_part(item, "trial", where)
         trials_seen[task_id] += 1
         run_id = check_id(f"task{task_id}_trial{trial}", where)
-        hard = score(item, "reward", where)
+        hard = finite_number(item, "reward", where)
         if "traj" not in item:
             raise UserError(f"{where}: run has no 'traj'")
         converted = convert_messages(item["traj"], f"{where}, traj")
@@ -251,21 +229,16 @@ def _most_common_system(runs: list[Run]) -> str | None:
 
 def load_chat_jsonl(path: Path) -> Imported:
     """One run per line: {"id"?, "messages", "score", "task"?}; other keys are kept."""
-    from reflact.dataset import check_id
+    from reflact.dataset import check_id, finite_number, jsonl_lines, loads, read_text
 
     runs = []
-    for number, line in enumerate(read_input(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
+    for line_number, line in jsonl_lines(read_text(path, "input")):
+        where = f"{path}:{line_number}"
+        obj = loads(line, path, line_number)
         if not isinstance(obj, dict):
             raise UserError(f"{where}: a run must be a JSON object, got {type(obj).__name__}")
-        run_id = check_id(obj["id"], where) if "id" in obj else f"run_{number}"
-        hard = score(obj, "score", where)
+        run_id = check_id(obj["id"], where) if "id" in obj else f"run_{line_number}"
+        hard = finite_number(obj, "score", where)
         if "messages" not in obj:
             raise UserError(f"{where}: run has no 'messages'")
         converted = convert_messages(obj["messages"], where)

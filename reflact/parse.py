@@ -95,28 +95,40 @@ def _scan(text: str) -> tuple[list[dict], list[str], bool]:
             objects.append(obj)
         elif _JSONISH.search(span):
             broken.append(span)
-        else:  # a brace in prose such as "{name}": not JSON, and whatever it encloses isn't either
-            pass
+        # else a brace in prose such as "{name}": not JSON, and whatever it encloses isn't either
         i = text.find("{", end)
     return objects, broken, False
 
 
-def _matching_brace(text: str, start: int) -> int | None:
-    """Index after the brace closing the one at `start`, skipping JSON strings; None if never."""
-    depth = 0
-    in_string = escaped = False
-    for pos in range(start, len(text)):
-        ch = text[pos]
-        if in_string:
+def _quoted(text: str) -> bytearray:
+    """1 for every character inside a JSON string (quotes included), 0 elsewhere; read from the
+    text's start, which is where an object starts (prose quotes before it do not count)."""
+    mask = bytearray(len(text))
+    inside = escaped = False
+    for pos, ch in enumerate(text):
+        if inside:
+            mask[pos] = 1
             if escaped:
                 escaped = False
             elif ch == "\\":
                 escaped = True
             elif ch == '"':
-                in_string = False
+                inside = False
         elif ch == '"':
-            in_string = True
-        elif ch in "{[":
+            mask[pos] = 1
+            inside = True
+    return mask
+
+
+def _matching_brace(text: str, start: int) -> int | None:
+    """Index after the brace closing the one at `start`, skipping JSON strings; None if never."""
+    depth = 0
+    quoted = _quoted(text[start:])
+    for pos in range(start, len(text)):
+        if quoted[pos - start]:
+            continue
+        ch = text[pos]
+        if ch in "{[":
             depth += 1
         elif ch in "}]":
             depth -= 1
@@ -127,35 +139,26 @@ def _matching_brace(text: str, start: int) -> int | None:
     return None
 
 
+_CLOSER_AHEAD = re.compile(r"\s*[}\]]")
+_WORD = re.compile(r"[A-Za-z]+")
+
+
 def _repair(span: str) -> str:
     """Drop trailing commas and turn Python literals into JSON ones, outside strings only."""
+    quoted = _quoted(span)
     out: list[str] = []
-    in_string = escaped = False
     i = 0
     while i < len(span):
         ch = span[i]
-        if in_string:
-            out.append(ch)
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-            i += 1
-            continue
-        if ch == '"':
-            in_string = True
-        elif ch == ",":
-            rest = span[i + 1 :].lstrip()
-            if rest[:1] in ("}", "]"):
+        if not quoted[i]:
+            if ch == "," and _CLOSER_AHEAD.match(span, i + 1):
                 i += 1
                 continue
-        elif ch.isascii() and ch.isalpha():
-            word = re.match(r"[A-Za-z]+", span[i:]).group(0)
-            out.append(_PY_LITERALS.get(word, word))
-            i += len(word)
-            continue
+            word = _WORD.match(span, i) if ch.isascii() and ch.isalpha() else None
+            if word:
+                out.append(_PY_LITERALS.get(word.group(0), word.group(0)))
+                i = word.end()
+                continue
         out.append(ch)
         i += 1
     return "".join(out)
