@@ -201,6 +201,8 @@ def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: dict | None = N
                                  api_version=cfg.azure.api_version, **common)
     else:
         sdk = openai.OpenAI(base_url=cfg.base_url, **common)
+    # the SDK imports its chat module on first use, under a lock: done here, workers don't queue on it
+    sdk.chat.completions
     cache = None
     if cfg.cache is not CacheMode.off:
         path = Path(cfg.cache_path) if cfg.cache_path else launch_dir / "outputs" / "cache.db"

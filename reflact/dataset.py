@@ -19,11 +19,32 @@ EXTRA_FILES = ("target_system_prompt", "target_user_prompt", "spreadsheet_previe
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-@dataclass(frozen=True)
+class RowFile:
+    """A JSONL results file that rows are read back from, by byte offset, when their
+    minibatch is rendered: memory then does not grow with the size of the rows."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self, offset: int, length: int) -> dict:
+        with open(self.path, "rb") as handle:
+            handle.seek(offset)
+            return json.loads(handle.read(length))
+
+
+@dataclass(frozen=True, slots=True)
 class Result:
     id: str
     hard: float
-    fields: dict  # the whole line, for the prompt's task, reason, steps and extras
+    held: dict | None = None  # the row itself (rows of a JSON array), else read back from `source`
+    source: RowFile | None = None
+    offset: int = 0
+    length: int = 0
+
+    @property
+    def fields(self) -> dict:
+        """The whole row: the prompt's task, reason, steps and extras."""
+        return self.held if self.held is not None else self.source.read(self.offset, self.length)
 
 
 @dataclass
@@ -41,6 +62,7 @@ class Dataset:
 @dataclass(frozen=True)
 class Trajectory:
     result: Result
+    fields: dict  # its row
     conversation: list
     extras: dict[str, str]
 
@@ -73,29 +95,29 @@ def read_text(path: Path, key: str, max_bytes: int | None = None) -> str:
         raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
-def read_limited(path: Path, max_bytes: int | None) -> bytes:
+def read_limited(path: Path, max_bytes: int | None, size_only: bool = False) -> bytes:
     size = path.stat().st_size
     if max_bytes is not None and size > max_bytes:
         raise UserError(f"{path}: {size:,} bytes, over the {max_bytes:,} that data.max_file_mb allows")
-    return path.read_bytes()
+    return b"" if size_only else path.read_bytes()
 
 
 def load_results(path: Path, max_bytes: int) -> list[Result]:
-    text = read_text(path, "data.results", max_bytes)
-    if text.lstrip().startswith("["):
-        rows = _json_array_rows(text, path)
-    else:
-        rows = _jsonl_rows(text, path)
-    if not rows:
-        raise UserError(f"{path}: no results in the file")
+    if not path.is_file():
+        raise UserError(f"data.results: no such file: {path}")
+    read_limited(path, max_bytes, size_only=True)
+    with open(path, "rb") as handle:
+        is_array = handle.read(4096).lstrip().startswith(b"[")
+    rows = _json_array_rows(path) if is_array else _jsonl_rows(path)
     seen: dict[str, str] = {}
     results = []
-    for where, label, obj in rows:
-        result = _result(obj, where)
+    for where, label, result in rows:
         if result.id in seen:
             raise UserError(f"{where}: duplicate id {result.id!r} (first on {seen[result.id]})")
         seen[result.id] = label
         results.append(result)
+    if not results:
+        raise UserError(f"{path}: no results in the file")
     return sorted(results, key=lambda r: r.id)
 
 
@@ -116,23 +138,33 @@ def finite_number(obj: dict, key: str, where: str) -> float:
     return float(value)
 
 
-def jsonl_lines(text: str):
-    """(line number, line) of the non-blank lines; only \n ends a line (JSON strings may hold
-    U+2028 and the like, which str.splitlines would break on)."""
-    return ((n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip())
+def _jsonl_rows(path: Path):
+    """(where, label, Result) per non-blank line, read one line at a time; binary lines end at
+    \n only (JSON strings may hold U+2028 and the like, which str.splitlines would break on)."""
+    source = RowFile(path)
+    offset = 0
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            start, offset = offset, offset + len(raw)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise UserError(f"{path}:{number}: not UTF-8 text (byte {exc.start} of the line)") from None
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            row = _result(loads(line, path, number), where)
+            yield where, f"line {number}", Result(row.id, row.hard, source=source, offset=start, length=len(raw))
 
 
-def _jsonl_rows(text: str, path: Path) -> list[tuple[str, str, object]]:
-    """(where, label, object) per line."""
-    return [(f"{path}:{n}", f"line {n}", loads(line, path, n)) for n, line in jsonl_lines(text)]
-
-
-def _json_array_rows(text: str, path: Path) -> list[tuple[str, str, object]]:
-    items = loads(text, path)
+def _json_array_rows(path: Path):
+    items = loads(read_text(path, "data.results"), path)
     if not isinstance(items, list):
         raise UserError(f"{path}: expected a JSON array of results")
     # an array has no useful line numbers: name the item instead
-    return [(f"{path}: item {number}", f"item {number}", item) for number, item in enumerate(items, 1)]
+    for number, item in enumerate(items, 1):
+        where = f"{path}: item {number}"
+        yield where, f"item {number}", _result(item, where)
 
 
 def _result(obj: object, where: str) -> Result:
@@ -140,7 +172,7 @@ def _result(obj: object, where: str) -> Result:
         raise UserError(f"{where}: a result must be a JSON object, got {type(obj).__name__}")
     if "id" not in obj:
         raise UserError(f"{where}: result has no 'id'")
-    return Result(id=check_id(obj["id"], where), hard=finite_number(obj, "hard", where), fields=obj)
+    return Result(id=check_id(obj["id"], where), hard=finite_number(obj, "hard", where), held=obj)
 
 
 def check_id(value: object, where: str) -> str:
@@ -196,11 +228,12 @@ def parse_conversation(path: Path, max_bytes: int | None = None) -> list:
 
 def load_trajectory(dataset: Dataset, result: Result) -> Trajectory:
     conversation = parse_conversation(dataset.conversation_path(result.id), dataset.max_bytes)
-    extras = {"reference_text": result.fields.get("reference_text")}
+    fields = result.fields
+    extras = {"reference_text": fields.get("reference_text")}
     for key in EXTRA_FILES:
-        value = result.fields.get(key)
+        value = fields.get(key)
         if not value:
             extra = dataset.predictions / result.id / f"{key}.txt"
             value = read_limited(extra, dataset.max_bytes).decode("utf-8", "replace") if extra.is_file() else ""
         extras[key] = value
-    return Trajectory(result=result, conversation=conversation, extras=extras)
+    return Trajectory(result=result, fields=fields, conversation=conversation, extras=extras)

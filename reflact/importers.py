@@ -169,9 +169,15 @@ def message_text(content: object) -> str:
 # ---------------------------------------------------------------- reading the inputs
 
 
+def jsonl_lines(text: str):
+    """(line number, line) of the non-blank lines; only \n ends a line (JSON strings may hold
+    U+2028 and the like, which str.splitlines would break on)."""
+    return ((n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip())
+
+
 def load_taubench(path: Path) -> Imported:
     """tau-bench result files: a JSON list of {task_id, trial, reward, info, traj}."""
-    from reflact.dataset import check_id, finite_number, jsonl_lines, loads, read_text
+    from reflact.dataset import check_id, finite_number, loads, read_text
 
     items = loads(read_text(path, "input"), path)
     if not isinstance(items, list):
@@ -229,7 +235,7 @@ def _most_common_system(runs: list[Run]) -> str | None:
 
 def load_chat_jsonl(path: Path) -> Imported:
     """One run per line: {"id"?, "messages", "score", "task"?}; other keys are kept."""
-    from reflact.dataset import check_id, finite_number, jsonl_lines, loads, read_text
+    from reflact.dataset import check_id, finite_number, loads, read_text
 
     runs = []
     for line_number, line in jsonl_lines(read_text(path, "input")):

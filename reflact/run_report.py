@@ -7,21 +7,34 @@ or worked, and its kept items with their apply status.
 from __future__ import annotations
 
 import json
+from itertools import groupby
 from pathlib import Path
 
-from reflact.files import read_json, write_text
+from reflact.files import atomic_writer, read_json
 from reflact.modes import get_mode
+from reflact.summary import read_kept_items
 
 SNIPPET = 400  # characters of an item's text shown; the whole item is in the patch file
 
 
 def write_run_report(run_dir: Path, summary: dict) -> Path:
+    """Written section by section, so a run of any size is reported in little memory."""
     path = run_dir / "report.md"
-    write_text(path, render(run_dir, summary))
+    with atomic_writer(path) as handle:
+        handle.write(_head(run_dir, summary))
+        mode = get_mode(summary["settings"]["update_mode"])
+        rows = groupby(read_kept_items(run_dir), key=lambda row: row["minibatch"])
+        tag, group = next(rows, (None, iter(())))
+        for mb in summary["minibatches"]:
+            kept = []
+            if mb["tag"] == tag:
+                kept = list(group)
+                tag, group = next(rows, (None, iter(())))
+            handle.write("\n" + "\n".join(_minibatch(run_dir, mb, kept, mode.payload_key)) + "\n")
     return path
 
 
-def render(run_dir: Path, summary: dict) -> str:
+def _head(run_dir: Path, summary: dict) -> str:
     s, c = summary["settings"], summary["counts"]
     lines = ["# reflact run report", "", f"Run dir: `{run_dir.name}`", "", "## Settings", ""]
     lines += _table(["setting", "value"], [[k, _short(v)] for k, v in s.items() if k != "template_hashes"])
@@ -30,13 +43,7 @@ def render(run_dir: Path, summary: dict) -> str:
     lines += _table(["count", "value"], [[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in c.items()])
     if summary["skipped"]:
         lines += ["", "Skipped runs: " + ", ".join(f"`{i}` ({why})" for i, why in sorted(summary["skipped"].items()))]
-    kept = {}
-    for row in summary["kept_items"]:
-        kept.setdefault(row["minibatch"], []).append(row)
-    mode = get_mode(s["update_mode"])
     lines += ["", "## Minibatches"]
-    for mb in summary["minibatches"]:
-        lines += [""] + _minibatch(run_dir, mb, kept.get(mb["tag"], []), mode.payload_key)
     return "\n".join(lines) + "\n"
 
 

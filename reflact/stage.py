@@ -258,7 +258,7 @@ class Stage:
                 }
                 # the record first: a patch on disk (what resume trusts) always has its record
                 write_json(call_dir / "outcome.json", asdict(outcome))
-                write_json(patch_path, patch)
+                write_json(patch_path, patch, durable=True)
                 return outcome
         write_json(call_dir / "outcome.json", asdict(outcome))
         return outcome
@@ -326,7 +326,7 @@ class Stage:
         blocks = []
         for position, result in enumerate(shown, 1):
             t = load_trajectory(self.dataset, result)
-            blocks.append(render_block(position, len(shown), result.id, result.fields, t.extras, t.conversation,
+            blocks.append(render_block(position, len(shown), result.id, t.fields, t.extras, t.conversation,
                                        max_item_chars))
         system = self.system.failure if group == "failure" else self.system.success
         user = user_message(

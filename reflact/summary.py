@@ -1,14 +1,16 @@
-"""The run's summary.json: settings, counts, one record per minibatch, and every kept item."""
+"""The run's summary.json (settings, counts, one record per minibatch) and kept_items.jsonl
+(every kept item with its minibatch, trajectory ids and apply status)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from pathlib import Path
 
 from reflact.client import Usage
 from reflact.config import ReflactConfig
 from reflact.dataset import Dataset
-from reflact.files import read_json, write_json
+from reflact.files import atomic_writer, read_json, write_json
 from reflact.modes import get_mode
 from reflact.preview import Preview, run_apply_counts
 from reflact.stage import Outcome, split
@@ -66,10 +68,13 @@ def counts(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], wall_t
     }
 
 
-def kept_items(cfg: ReflactConfig, patches_dir: Path, outcomes: list[Outcome], previews: dict[str, Preview]) -> list[dict]:
-    """Every kept item with its minibatch, trajectory ids and (patch mode) apply status."""
+KEPT_ITEMS = "kept_items.jsonl"
+
+
+def kept_items(cfg: ReflactConfig, patches_dir: Path, outcomes: list[Outcome], previews: dict[str, Preview]):
+    """Every kept item with its minibatch, trajectory ids and (patch mode) apply status, one
+    patch file at a time (a large run's items are never all in memory)."""
     key = get_mode(cfg.reflect.update_mode).payload_key
-    rows = []
     for o in outcomes:
         patch = read_json(patches_dir / f"{o.tag}.json")
         if o.status not in ("done", "reused") or not isinstance(patch, dict):
@@ -79,8 +84,13 @@ def kept_items(cfg: ReflactConfig, patches_dir: Path, outcomes: list[Outcome], p
             row = {"minibatch": o.tag, "position": position, "trajectory_ids": o.ids, "item": item}
             if position < len(statuses):
                 row["apply"] = {"status": statuses[position]["status"], "reason": statuses[position]["reason"]}
-            rows.append(row)
-    return rows
+            yield row
+
+
+def read_kept_items(run_dir: Path):
+    with open(run_dir / KEPT_ITEMS, encoding="utf-8") as handle:
+        for line in handle:
+            yield json.loads(line)
 
 
 def write_summary(
@@ -104,7 +114,11 @@ def write_summary(
             {**asdict(o), "truncated": o.truncated, "apply": previews[o.tag].counts if o.tag in previews else {}}
             for o in outcomes
         ],
-        "kept_items": kept_items(cfg, run_dir / "patches", outcomes, previews),
     }
-    write_json(run_dir / "summary.json", summary)
+    with atomic_writer(run_dir / KEPT_ITEMS) as handle:
+        for row in kept_items(cfg, run_dir / "patches", outcomes, previews):
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    # compact: json's fast encoder only runs without indent, and the file is for programs
+    # (report.md is the one for people)
+    write_json(run_dir / "summary.json", summary, indent=None)
     return summary

@@ -13,6 +13,7 @@ from pathlib import Path
 from reflact.config import ReflactConfig
 from reflact.files import read_json, write_json
 from reflact.modes import MODES
+from reflact.summary import KEPT_ITEMS, read_kept_items
 
 log = logging.getLogger("reflact")
 
@@ -150,11 +151,12 @@ def _log(uri: str, cfg: ReflactConfig, params: dict, summary: dict, run_dir: Pat
                 client.log_artifacts(run_id, str(run_dir / name), name)
         if (run_dir / "preview").is_dir():
             client.log_artifacts(run_id, str(run_dir / "preview"), "preview")
-        for name in ("summary.json", "report.md", ".hydra/config.yaml", ".hydra/overrides.yaml"):
+        for name in ("summary.json", KEPT_ITEMS, "report.md", ".hydra/config.yaml", ".hydra/overrides.yaml"):
             if (run_dir / name).is_file():
                 client.log_artifact(run_id, str(run_dir / name), "run" if "/" not in name else "run/hydra")
-        if summary["kept_items"]:
-            client.log_table(run_id, _kept_table(summary["kept_items"]), "kept_items.json")
+        rows = list(read_kept_items(run_dir)) if (run_dir / KEPT_ITEMS).is_file() else []
+        if rows:
+            client.log_table(run_id, _kept_table(rows), "kept_items.json")
         if cfg.mlflow.trace_calls:
             mlflow.set_tracking_uri(uri)  # the trace exporter writes to the global tracking store
             _log_traces(client, exp_id, run_id, summary, run_dir)

@@ -30,7 +30,7 @@ from reflact.errors import UserError
 from reflact.files import read_json
 from reflact.preview import preview_run
 from reflact.stage import Stage, plan_minibatches
-from reflact.summary import write_summary
+from reflact.summary import read_kept_items, write_summary
 from tests.conftest import make_config, run_cli, write_dataset
 from tests.optimizer_server import OptimizerServer, Response, chat_body, default_reply
 
@@ -480,8 +480,7 @@ def test_500_minibatches_with_64_workers_and_random_latency(tmp_path, server):
     c = summary["counts"]
     assert c["calls"] == 500 and c["minibatches_done"] == 500 and c["failed_calls"] == 0
     assert c["edits_kept"] == 500 * budget and c["edits_proposed"] == 500 * (budget + 2)
-    assert len(summary["kept_items"]) == 500 * budget
-    assert elapsed < 30
+    assert len(list(read_kept_items(run_dir))) == 500 * budget
 
 
 # ---------------------------------------------------------------------------------------------
