@@ -4,8 +4,7 @@
                               [--ref-venv DIR]
 
 The reference runs in its own venv (default bench/.venv-ref, git-ignored), created on first use
-with `pip install skillopt==0.2.0` (falling back to a wheel in /tmp/skillopt if pip cannot get
-it). bench/_ref_driver.py, run by that venv's python, calls its
+with `pip install skillopt==0.2.0`. bench/_ref_driver.py, run by that venv's python, calls its
 skillopt.gradient.reflect.run_minibatch_reflect with our analyst templates (prompts/
 analyst_error.md, analyst_success.md; its wheel ships none) and its OpenAI chat backend pointed
 at the loopback server through environment variables (see _ref_driver.py). Nothing of the
@@ -39,7 +38,6 @@ from _common import (  # noqa: E402
 )
 
 REF_VERSION = "0.2.0"
-WHEEL_FALLBACK = Path("/tmp/skillopt") / f"skillopt-{REF_VERSION}-py3-none-any.whl"
 
 
 def ref_version(python: Path) -> str | None:
@@ -59,10 +57,7 @@ def ensure_ref_venv(venv: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     if subprocess.run(pip + [f"skillopt=={REF_VERSION}"]).returncode != 0:
-        if not WHEEL_FALLBACK.is_file():
-            sys.exit(f"could not install skillopt=={REF_VERSION} into {venv}")
-        print(f"pip install failed; installing {WHEEL_FALLBACK}", flush=True)
-        subprocess.run(pip + [str(WHEEL_FALLBACK)], check=True)
+        sys.exit(f"could not install skillopt=={REF_VERSION} into {venv}")
     if ref_version(python) != REF_VERSION:
         sys.exit(f"skillopt {REF_VERSION} is not importable from {python}")
     return python

@@ -161,6 +161,8 @@ class Stage:
         self.step_buffer = text_or_file(cfg.reflect.step_buffer, "reflect.step_buffer") or ""
         self.meta_skill = text_or_file(cfg.reflect.meta_skill, "reflect.meta_skill") or ""
         self.price = cfg.optimizer.prices.get(cfg.optimizer.model)
+        self.schemas = {group: reply_schema(self.mode, group, self.system.notes_allowed[group])
+                        for group in ("failure", "success")}
         self.spend = Spend(cfg.optimizer.max_cost_usd)
         self._in_flight = 0
         self._lock = threading.Lock()
@@ -342,14 +344,11 @@ class Stage:
         """
         conversation = list(messages)
         allowance = self.max_output_tokens
-        schema = reply_schema(self.mode, mb.group, self.system.notes_allowed[mb.group])
+        schema = self.schemas[mb.group]
         replies: list[Reply] = []
         started = time.monotonic()
         try:
             for attempt in range(self.cfg.reflect.max_reasks + 1):
-                if not self.spend.allows_new_call():
-                    outcome.status, outcome.error = "not_run", "cost limit reached"
-                    return None
                 reply = self._one_call(conversation, allowance, schema, outcome)
                 if reply is None:
                     self.client.forget(replies)  # the conversation ended unusable: ask afresh next time
@@ -386,6 +385,9 @@ class Stage:
             outcome.cost_usd = outcome.usage.cost_usd(self.price)
 
     def _one_call(self, conversation: list[dict], allowance: int, schema: dict, outcome: Outcome) -> Reply | None:
+        if not self.spend.allows_new_call():
+            outcome.status, outcome.error = "not_run", "cost limit reached"
+            return None
         with self._lock:
             self._in_flight += 1
         try:
