@@ -154,7 +154,8 @@ class OptimizerClient:
                     if self._limiter:  # every attempt is a request: retries are paced too
                         self._limiter.acquire(tokens)
                     structured, response_format = self._response_format(schema)
-                    request = {**logical, "response_format": response_format} if response_format else logical
+                    # as extra_body: the SDK's typed transform of a nested schema costs ~1.5 ms a call
+                    request = {**logical, "extra_body": {"response_format": response_format}} if response_format else logical
                     started, wall = time.monotonic(), time.time()
                     try:
                         response = self._sdk.chat.completions.create(**request)

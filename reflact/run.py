@@ -10,7 +10,6 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from reflact import config
-from reflact.errors import UserError
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

@@ -259,10 +259,10 @@ class Stage:
                     "fingerprint": fp,
                 }
                 # the record first: a patch on disk (what resume trusts) always has its record
-                write_json(call_dir / "outcome.json", asdict(outcome))
+                write_json(call_dir / "outcome.json", asdict(outcome), indent=None)
                 write_json(patch_path, patch, durable=True)
                 return outcome
-        write_json(call_dir / "outcome.json", asdict(outcome))
+        write_json(call_dir / "outcome.json", asdict(outcome), indent=None)
         return outcome
 
     def _fit(self, mb: Minibatch, shown: list[Result], outcome: Outcome) -> list[list[dict]]:
