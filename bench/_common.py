@@ -31,6 +31,17 @@ BASE_ENV.pop("OPENAI_API_KEY", None)
 BASE_ENV.pop("OPENAI_BASE_URL", None)
 
 
+def stage_arguments(parser) -> None:
+    """The options every side-by-side benchmark takes: data, latency and the stage's settings."""
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the real dataset (default: %(default)s)")
+    parser.add_argument("--latency", type=float, default=0.5, help="server latency per request, seconds")
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("-M", "--minibatch-size", type=int, default=8)
+    parser.add_argument("-L", "--edit-budget", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--runs", type=int, default=2000, help="runs in a generated dataset as well (0: skip it)")
+
+
 def check_data(path: Path) -> Path:
     path = Path(path).resolve()
     if not (path / "results.jsonl").is_file() and not (path / "results.json").is_file():

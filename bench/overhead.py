@@ -26,8 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    DEFAULT_DATA, Server, chars_per_call, check_data, ideal_s, make_dataset, median_text, rmtree, run_reflact,
-    run_sdk_floor, run_stage, scratch,
+    Server, chars_per_call, check_data, ideal_s, make_dataset, median_text, rmtree, run_reflact,
+    run_sdk_floor, run_stage, scratch, stage_arguments,
 )
 
 
@@ -43,13 +43,7 @@ def timeline(stage: dict, latency: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the real dataset (default: %(default)s)")
-    parser.add_argument("--latency", type=float, default=0.5, help="server latency per request, seconds")
-    parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("-M", "--minibatch-size", type=int, default=8)
-    parser.add_argument("-L", "--edit-budget", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--runs", type=int, default=2000, help="runs in the generated dataset (0: skip it)")
+    stage_arguments(parser)
     parser.add_argument("--repeat", type=int, default=1, help="measurements per figure; the median is reported")
     args = parser.parse_args()
     data = check_data(args.data)

@@ -33,8 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    BASE_ENV, BENCH, DEFAULT_DATA, REPO, Server, chars_per_call, check_data, make_dataset, median_text, rmtree,
-    run_process, run_reflact, run_stage, scratch,
+    BASE_ENV, BENCH, REPO, Server, chars_per_call, check_data, make_dataset, median_text, rmtree,
+    run_process, run_reflact, run_stage, scratch, stage_arguments,
 )
 
 REF_VERSION = "0.2.0"
@@ -98,13 +98,7 @@ def same_minibatches(summary: dict, reference: list) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the real dataset (default: %(default)s)")
-    parser.add_argument("--latency", type=float, default=0.5, help="server latency per request, seconds")
-    parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("-M", "--minibatch-size", type=int, default=8)
-    parser.add_argument("-L", "--edit-budget", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--runs", type=int, default=2000, help="runs in a generated dataset as well (0: skip it)")
+    stage_arguments(parser)
     parser.add_argument("--ref-venv", type=Path, default=BENCH / ".venv-ref")
     parser.add_argument("--repeat", type=int, default=1, help="measurements per figure; the median is reported")
     args = parser.parse_args()

@@ -72,6 +72,7 @@ class OptimizerServer:
     def __init__(self, script=None) -> None:
         self.script = script
         self.requests: list[dict] = []
+        self.authorizations: list[str | None] = []  # each request's Authorization header, in order
         self._lock = threading.Lock()
         server = self
 
@@ -92,6 +93,7 @@ class OptimizerServer:
                 request = json.loads(self.rfile.read(length) or b"{}")
                 with server._lock:
                     server.requests.append(request)
+                    server.authorizations.append(self.headers.get("Authorization"))
                     number = len(server.requests)
                 response = (server.script(request, number) if server.script else None) or Response(
                     body=chat_body(json.dumps(default_reply(request)))

@@ -102,20 +102,6 @@ def assert_complete_run_dir(run_dir: Path, tags=DEMO_TAGS) -> None:
     assert (run_dir / "summary.json").is_file()
 
 
-def record_authorization(server: OptimizerServer) -> list[str | None]:
-    """Make the server note each request's Authorization header (the key the client sent)."""
-    seen: list[str | None] = []
-    base = server._httpd.RequestHandlerClass
-
-    class Recording(base):  # type: ignore[misc, valid-type]
-        def do_POST(self) -> None:
-            seen.append(self.headers.get("Authorization"))
-            super().do_POST()
-
-    server._httpd.RequestHandlerClass = Recording
-    return seen
-
-
 # ---------------------------------------------------------------------------------------------
 # the demo run, its resume behaviour and what MLflow holds (one sequence of runs, shared)
 
@@ -133,7 +119,7 @@ def demo(tmp_path_factory, migrated_store):
     env = {"OPENAI_API_KEY": CANARY}
     steps = {}
     with OptimizerServer() as server:
-        auth = record_authorization(server)
+        auth = server.authorizations
 
         def step(name: str, *args: str) -> None:
             before = server.count

@@ -113,20 +113,6 @@ def assert_no_torn_file(run_dir: Path) -> list[str]:
     return temps
 
 
-def record_authorization(server: OptimizerServer) -> list[str | None]:
-    """Make the server note each request's Authorization header (the key the client sent)."""
-    seen: list[str | None] = []
-    base = server._httpd.RequestHandlerClass
-
-    class Recording(base):  # type: ignore[misc, valid-type]
-        def do_POST(self) -> None:
-            seen.append(self.headers.get("Authorization"))
-            super().do_POST()
-
-    server._httpd.RequestHandlerClass = Recording
-    return seen
-
-
 def mlflow_runs_of(uri: str, run_dir: Path) -> list:
     import mlflow
 
@@ -381,7 +367,7 @@ def test_echoed_api_key_is_found_nowhere(tmp_path, launch_dir):
         return None
 
     with OptimizerServer(script=script) as server:
-        auth = record_authorization(server)
+        auth = server.authorizations
         args = [f"data.dir={dataset}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
                 f"hydra.run.dir={run_dir}", "reflect.minibatch_size=2", "mlflow.trace_calls=true"]
         proc = run_cli(*args, cwd=launch_dir, env={"OPENAI_API_KEY": CANARY})  # response cache on: cache.db
