@@ -8,7 +8,7 @@ import logging
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -126,6 +126,17 @@ def reask_message(error: str) -> str:
     )
 
 
+@dataclass
+class Ready:
+    """A minibatch whose prompts are built and written, waiting for a free call slot."""
+
+    mb: Minibatch
+    outcome: Outcome
+    parts: list[list[dict]]  # the messages of each call (more than one when split to fit)
+    fingerprint: str
+    call_dir: Path
+
+
 class Spend:
     """Dollars spent by the run so far, against `optimizer.max_cost_usd`; shared by the workers."""
 
@@ -185,12 +196,38 @@ class Stage:
         for leftover in [*self.patches_dir.glob(".*.tmp"), *self.calls_dir.glob("*/.*.tmp")]:
             leftover.unlink()  # half-written files of a run that was killed
         outcomes: dict[str, Outcome] = {}
-        with ThreadPoolExecutor(max_workers=r.workers) as pool:
-            futures = [pool.submit(self.process, mb) for mb in plan]
-            for future in as_completed(futures):
-                outcome = future.result()
+        lock = threading.Lock()
+
+        def record(outcome: Outcome) -> None:
+            with lock:
                 outcomes[outcome.tag] = outcome
                 self._progress(outcome, list(outcomes.values()), len(plan))
+
+        # This thread renders the minibatches in plan order while the workers call: a call can
+        # start the moment a slot is free. `window` bounds the prompts held (ready or in flight).
+        window = threading.BoundedSemaphore(2 * r.workers)
+
+        def finished(future) -> None:
+            try:
+                if future.exception() is None:
+                    record(future.result())
+            finally:
+                window.release()
+
+        with ThreadPoolExecutor(max_workers=r.workers) as pool:
+            futures = []
+            for mb in plan:
+                window.acquire()
+                ready = self.prepare(mb)
+                if isinstance(ready, Outcome):
+                    record(ready)
+                    window.release()
+                    continue
+                future = pool.submit(self.execute, ready)
+                future.add_done_callback(finished)
+                futures.append(future)
+            for future in futures:
+                future.result()  # a worker's exception surfaces here
         if any(o.status == "not_run" for o in outcomes.values()):
             log.warning("the cost limit optimizer.max_cost_usd=%s was reached: %d minibatch(es) not run",
                         self.cfg.optimizer.max_cost_usd, sum(o.status == "not_run" for o in outcomes.values()))
@@ -217,7 +254,9 @@ class Stage:
             failed, in_flight, f"{self.spend.tokens:,}", self.spend.spent,
         )
 
-    def process(self, mb: Minibatch) -> Outcome:
+    def prepare(self, mb: Minibatch) -> "Ready | Outcome":
+        """The minibatch's prompts, written to its call dir; or its final outcome when it needs
+        no call (nothing to show, a matching saved patch, a dry run)."""
         ids = [r.id for r in mb.results]
         outcome = Outcome(tag=mb.tag, group=mb.group, index=mb.index, ids=ids)
         shown = [r for r in mb.results if r.id not in self.dataset.skipped]
@@ -228,8 +267,7 @@ class Stage:
             return outcome
         parts = self._fit(mb, shown, outcome)
         fp = fingerprint(self.cfg, [m for part in parts for m in part])
-        patch_path = self.patches_dir / f"{mb.tag}.json"
-        saved = read_json(patch_path)
+        saved = read_json(self.patches_dir / f"{mb.tag}.json")
         if isinstance(saved, dict) and saved.get("fingerprint") == fp:
             return self._reused(outcome, saved)
         call_dir = self.calls_dir / mb.tag
@@ -240,28 +278,34 @@ class Stage:
             write_text(call_dir / ("user.md" if number == 1 else f"user_{number}.md"), part[1]["content"])
         if self.client is None:
             self._estimate(outcome, [m for part in parts for m in part])
-        else:
-            checked = []
-            for part in parts:
-                result = self._call(mb, part, outcome, call_dir)
-                if result is None:
-                    break
-                checked.append(result)
-            if len(checked) == len(parts):
-                merged = checked[0] if len(checked) == 1 else merge_replies(checked, self.mode, self.cfg.reflect.edit_budget)
-                outcome.proposed, outcome.kept = merged.proposed, merged.kept
-                patch = {
-                    **merged.obj,
-                    "source_type": mb.group,
-                    "trajectory_ids": ids,
-                    "n_analysed": len(shown),
-                    "n_proposed": merged.proposed,
-                    "fingerprint": fp,
-                }
-                # the record first: a patch on disk (what resume trusts) always has its record
-                write_json(call_dir / "outcome.json", asdict(outcome), indent=None)
-                write_json(patch_path, patch, durable=True)
-                return outcome
+            write_json(call_dir / "outcome.json", asdict(outcome), indent=None)
+            return outcome
+        return Ready(mb, outcome, parts, fp, call_dir)
+
+    def execute(self, ready: "Ready") -> Outcome:
+        """The call(s) of a prepared minibatch, then its patch and record."""
+        mb, outcome, call_dir = ready.mb, ready.outcome, ready.call_dir
+        checked = []
+        for part in ready.parts:
+            result = self._call(mb, part, outcome, call_dir)
+            if result is None:
+                break
+            checked.append(result)
+        if len(checked) == len(ready.parts):
+            merged = checked[0] if len(checked) == 1 else merge_replies(checked, self.mode, self.cfg.reflect.edit_budget)
+            outcome.proposed, outcome.kept = merged.proposed, merged.kept
+            patch = {
+                **merged.obj,
+                "source_type": mb.group,
+                "trajectory_ids": outcome.ids,
+                "n_analysed": outcome.analysed,
+                "n_proposed": merged.proposed,
+                "fingerprint": ready.fingerprint,
+            }
+            # the record first: a patch on disk (what resume trusts) always has its record
+            write_json(call_dir / "outcome.json", asdict(outcome), indent=None)
+            write_json(self.patches_dir / f"{mb.tag}.json", patch, durable=True)
+            return outcome
         write_json(call_dir / "outcome.json", asdict(outcome), indent=None)
         return outcome
 
