@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,27 @@ def stage_arguments(parser) -> None:
     parser.add_argument("-L", "--edit-budget", type=int, default=4)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--runs", type=int, default=2000, help="runs in a generated dataset as well (0: skip it)")
+
+
+@contextmanager
+def side_by_side_inputs(args, name: str):
+    """(datasets, work dir, stage settings) for a benchmark on the real dataset and, with
+    --runs, a generated one; the temp dirs are removed afterwards."""
+    data = check_data(args.data)
+    work = scratch(name)
+    inputs = scratch(f"{name}-data", memory=True)
+    try:
+        datasets = [(data.name, data)]
+        if args.runs:
+            datasets.append((f"generated_{args.runs}", make_dataset(inputs / f"gen{args.runs}", args.runs)))
+        settings = dict(workers=args.workers, minibatch_size=args.minibatch_size, edit_budget=args.edit_budget,
+                        seed=args.seed)
+        print(f"latency {args.latency} s, W={args.workers}, M={args.minibatch_size}, L={args.edit_budget}, "
+              f"seed {args.seed}, repeat {args.repeat}; python {sys.version.split()[0]}")
+        yield datasets, work, settings
+    finally:
+        rmtree(work)
+        rmtree(inputs)
 
 
 def check_data(path: Path) -> Path:

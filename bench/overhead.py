@@ -26,8 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    Server, chars_per_call, check_data, ideal_s, make_dataset, median_text, rmtree, run_reflact,
-    run_sdk_floor, run_stage, scratch, stage_arguments,
+    Server, chars_per_call, ideal_s, median_text, run_reflact, run_sdk_floor, run_stage, side_by_side_inputs,
+    stage_arguments,
 )
 
 
@@ -46,17 +46,7 @@ def main() -> None:
     stage_arguments(parser)
     parser.add_argument("--repeat", type=int, default=1, help="measurements per figure; the median is reported")
     args = parser.parse_args()
-    data = check_data(args.data)
-    work = scratch("overhead")
-    inputs = scratch("overhead-data", memory=True)
-    settings = dict(workers=args.workers, minibatch_size=args.minibatch_size, edit_budget=args.edit_budget,
-                    seed=args.seed)
-    try:
-        datasets = [(data.name, data)]
-        if args.runs:
-            datasets.append((f"generated_{args.runs}", make_dataset(inputs / f"gen{args.runs}", args.runs)))
-        print(f"latency {args.latency} s, W={args.workers}, M={args.minibatch_size}, L={args.edit_budget}, "
-              f"seed {args.seed}, repeat {args.repeat}; python {sys.version.split()[0]}")
+    with side_by_side_inputs(args, "overhead") as (datasets, work, settings):
         rows = []
         with Server(args.latency) as server:
             for name, path in datasets:
@@ -91,9 +81,6 @@ def main() -> None:
             verdict = "ok" if r["stage"] <= 1.05 else "ABOVE TARGET"
             print(f"  {name:26s} calls {calls:4d}  ideal {ideal:6.3f} s  stage {r['stage']:.3f} ({verdict})  "
                   f"run {r['run']:.3f}  process {r['process']:.3f}  SDK floor {r['floor']:.3f}")
-    finally:
-        rmtree(work)
-        rmtree(inputs)
 
 
 if __name__ == "__main__":

@@ -33,8 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    BASE_ENV, BENCH, REPO, Server, chars_per_call, check_data, make_dataset, median_text, rmtree,
-    run_process, run_reflact, run_stage, scratch, stage_arguments,
+    BASE_ENV, BENCH, REPO, Server, chars_per_call, median_text, run_process, run_reflact, run_stage,
+    side_by_side_inputs, stage_arguments,
 )
 
 REF_VERSION = "0.2.0"
@@ -102,19 +102,9 @@ def main() -> None:
     parser.add_argument("--ref-venv", type=Path, default=BENCH / ".venv-ref")
     parser.add_argument("--repeat", type=int, default=1, help="measurements per figure; the median is reported")
     args = parser.parse_args()
-    data = check_data(args.data)
     python = ensure_ref_venv(args.ref_venv.resolve())
-    work = scratch("reference")
-    inputs = scratch("reference-data", memory=True)
-    settings = dict(workers=args.workers, minibatch_size=args.minibatch_size, edit_budget=args.edit_budget,
-                    seed=args.seed)
-    try:
-        datasets = [(data.name, data)]
-        if args.runs:
-            datasets.append((f"generated_{args.runs}", make_dataset(inputs / f"gen{args.runs}", args.runs)))
-        print(f"latency {args.latency} s, W={args.workers}, M={args.minibatch_size}, L={args.edit_budget}, "
-              f"seed {args.seed}, repeat {args.repeat}; reference: skillopt {REF_VERSION}; "
-              f"python {sys.version.split()[0]}")
+    with side_by_side_inputs(args, "reference") as (datasets, work, settings):
+        print(f"reference: skillopt {REF_VERSION}")
         rows = []
         with Server(args.latency) as server:
             for name, path in datasets:
@@ -147,9 +137,6 @@ def main() -> None:
             chars = chars_per_call(ours[-1][2]) / chars_per_call(ref[-1][2])
             print(f"  {name:26s} stage {stage:.3f} ({'ok' if stage <= 1 else 'ABOVE TARGET'})  process {process:.3f}  "
                   f"chars/call {chars:.3f}  requests {ours[-1][2]['requests']}/{ref[-1][2]['requests']}")
-    finally:
-        rmtree(work)
-        rmtree(inputs)
 
 
 if __name__ == "__main__":

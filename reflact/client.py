@@ -99,18 +99,27 @@ class OptimizerClient:
 
     def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None) -> Reply:
         logical = self._request(messages, max_output_tokens)
-        key = cache_key({**logical, "structured_output": self.cfg.structured_output.value,
-                         "schema": schema, "sample": self.cfg.sample})
-        hit = self.cache.get(key) if self.cache else None
-        if hit is not None:
-            return Reply(hit["text"], hit["finish_reason"], Usage(**hit.get("usage", {})), 0.0, from_cache=True,
-                         structured=hit.get("structured", "off"), started_at=time.time(), cache_key=key)
+        key = ""  # hashing the whole request only pays when there is a cache to ask
+        if self.cache:
+            key = cache_key({**logical, "structured_output": self.cfg.structured_output.value,
+                             "schema": schema, "sample": self.cfg.sample})
+            hit = self.cache.get(key)
+            if hit is not None:
+                return Reply(hit["text"], hit["finish_reason"], Usage(**hit.get("usage", {})), 0.0,
+                             from_cache=True, structured=hit.get("structured", "off"), started_at=time.time(),
+                             cache_key=key)
         reply = self._call_with_retries(logical, schema, estimate_tokens(messages) + max_output_tokens)
         reply.cache_key = key
         if self.cache:
             self.cache.put(key, {"text": reply.text, "finish_reason": reply.finish_reason,
                                  "structured": reply.structured, "usage": asdict(reply.usage)})
         return reply
+
+    def close(self) -> None:
+        """Release the HTTP connections and the cache's database handle."""
+        self._sdk.close()
+        if self.cache:
+            self.cache.close()
 
     def forget(self, replies: list[Reply]) -> None:
         if self.cache:

@@ -61,8 +61,7 @@ class Dataset:
 
 @dataclass(frozen=True)
 class Trajectory:
-    result: Result
-    fields: dict  # its row
+    fields: dict  # its results row
     conversation: list
     extras: dict[str, str]
 
@@ -236,4 +235,4 @@ def load_trajectory(dataset: Dataset, result: Result) -> Trajectory:
             extra = dataset.predictions / result.id / f"{key}.txt"
             value = read_limited(extra, dataset.max_bytes).decode("utf-8", "replace") if extra.is_file() else ""
         extras[key] = value
-    return Trajectory(result=result, fields=fields, conversation=conversation, extras=extras)
+    return Trajectory(fields=fields, conversation=conversation, extras=extras)

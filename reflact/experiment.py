@@ -38,7 +38,11 @@ def run_experiment(
     if dataset.skipped:
         log.info("skipping %d run(s) without a usable conversation: %s", len(dataset.skipped),
                  ", ".join(sorted(dataset.skipped)[:10]) + (" ..." if len(dataset.skipped) > 10 else ""))
-    outcomes = stage.run()
+    try:
+        outcomes = stage.run()
+    finally:
+        if client is not None:
+            client.close()
     previews = preview_run(run_dir, dataset.skill, stage.mode, [o.tag for o in outcomes])
     summary = write_summary(run_dir, cfg, dataset, outcomes, previews, stage.system.hashes(), time.monotonic() - started)
     write_run_report(run_dir, summary)

@@ -21,7 +21,6 @@ class Preview:
     tag: str
     statuses: list[dict] = field(default_factory=list)  # per edit: index, op, status, reason
     counts: dict = field(default_factory=dict)  # applied, fallback, skipped, total, apply_share
-    changed: bool = False
 
 
 def preview_patch(skill: str, patch: dict, mode: Mode, tag: str, out_dir: Path) -> Preview | None:
@@ -34,7 +33,6 @@ def preview_patch(skill: str, patch: dict, mode: Mode, tag: str, out_dir: Path) 
         result = Preview(tag)
     else:
         return None
-    result.changed = candidate != skill
     write_text(out_dir / f"{tag}.skill.md", candidate)
     write_text(out_dir / f"{tag}.diff", unified_diff(skill, candidate, "skill.md") or "(no change)\n")
     return result

@@ -23,9 +23,9 @@ class MlflowSweep(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         if not config.mlflow.enabled:
             return
-        from reflact.tracking import PARENT_FILE, default_tracking_uri, experiment_id, sweep_id
+        from reflact.tracking import PARENT_FILE, experiment_id, sweep_id
 
-        uri, sweep_dir, launch_dir = _where(config, default_tracking_uri)
+        uri, sweep_dir, launch_dir = _where(config)
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=uri)
@@ -44,9 +44,9 @@ class MlflowSweep(Callback):
         if not config.mlflow.enabled:
             return
         from reflact.report import report_sweep
-        from reflact.tracking import PARENT_FILE, default_tracking_uri
+        from reflact.tracking import PARENT_FILE
 
-        uri, sweep_dir, _ = _where(config, default_tracking_uri)
+        uri, sweep_dir, _ = _where(config)
         parent = read_json(sweep_dir / PARENT_FILE)
         if not isinstance(parent, dict):
             log.warning("no MLflow parent run was opened for this sweep; no report logged")
@@ -58,15 +58,17 @@ class MlflowSweep(Callback):
         client.set_terminated(parent["run_id"], "FINISHED")
 
 
-def _where(config: DictConfig, default_uri) -> tuple[str, Path, Path]:
+def _where(config: DictConfig) -> tuple[str, Path, Path]:
     """(tracking URI, sweep dir, launch dir) for this multirun."""
     from hydra.core.hydra_config import HydraConfig
+
+    from reflact.tracking import default_tracking_uri
 
     HydraConfig.instance().set_config(config)  # lets `${hydra:...}` in the sweep dir resolve
     launch_dir = Path.cwd()
     sweep_dir = Path(config.hydra.sweep.dir).resolve()
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    return config.mlflow.tracking_uri or default_uri(launch_dir), sweep_dir, launch_dir
+    return config.mlflow.tracking_uri or default_tracking_uri(launch_dir), sweep_dir, launch_dir
 
 
 def _alive(client, run_id: str) -> bool:

@@ -6,6 +6,7 @@ paid-for reply: the run dir stays complete and the run ends with a warning.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -179,8 +180,6 @@ def _delete(client, run_id: str) -> None:
 
 
 def _kept_table(rows: list[dict]) -> dict[str, list]:
-    import json
-
     return {
         "minibatch": [r["minibatch"] for r in rows],
         "position": [r["position"] for r in rows],
