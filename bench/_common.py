@@ -199,14 +199,12 @@ def run_reflact(data: Path, server: Server, launch: Path, name: str, **kw) -> di
 def compose_config(*overrides: str):
     """The typed, validated config `python -m reflact.run OVERRIDES` would use (Hydra's compose API)."""
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
     from reflact import config as reflact_config
 
     reflact_config.register()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         dict_cfg = compose(config_name="config", overrides=list(overrides))
-    return reflact_config.validate(OmegaConf.to_object(dict_cfg))
+    return reflact_config.from_hydra(dict_cfg)[0]
 
 
 def run_stage(data: Path, server: Server, run_dir: Path, workers: int = 16, minibatch_size: int = 8,

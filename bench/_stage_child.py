@@ -32,8 +32,8 @@ def main() -> None:
 
     from _common import compose_config
 
-    from reflact.client import make_client
     from reflact.dataset import load_dataset
+    from reflact.optimizer import make_optimizer
     from reflact.stage import Stage
 
     cfg = compose_config(
@@ -43,8 +43,8 @@ def main() -> None:
         f"reflect.edit_budget={args.edit_budget}", f"reflect.seed={args.seed}",
     )
     dataset = load_dataset(cfg.data)
-    client = make_client(cfg.optimizer, args.run_dir)
-    stage = Stage(cfg, dataset, client, args.run_dir)
+    optimizer = make_optimizer(cfg, args.run_dir, dataset.skill)
+    stage = Stage(cfg, dataset, optimizer, args.run_dir)
     started_at = time.time()
     started = time.perf_counter()
     outcomes = stage.run()

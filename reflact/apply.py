@@ -9,13 +9,12 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+from reflact.modes import EDIT_OPS, NEEDS_CONTENT, NEEDS_TARGET
+
 PROTECTED_MARKERS = (
     ("<!-- SLOW_UPDATE_START -->", "<!-- SLOW_UPDATE_END -->"),
     ("<!-- APPENDIX_START -->", "<!-- APPENDIX_END -->"),
 )
-OPS = ("append", "insert_after", "replace", "delete")
-NEEDS_TARGET = ("insert_after", "replace", "delete")
-NEEDS_CONTENT = ("append", "insert_after", "replace")
 
 APPLIED, FALLBACK, SKIPPED = "applied", "fallback", "skipped"
 
@@ -86,7 +85,7 @@ def apply_edit(text: str, edit: object, index: int = 0) -> tuple[str, EditStatus
 
 def _field_problem(edit: dict, op: object) -> str:
     """Why the edit cannot be applied at all, or "" when its fields are usable."""
-    if op not in OPS:
+    if op not in EDIT_OPS:
         return "unknown op"
     if op in NEEDS_TARGET:
         target = edit.get("target")

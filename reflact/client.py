@@ -1,4 +1,4 @@
-"""Calling the optimizer model over the OpenAI SDK.
+"""The optimizer (reflact.optimizer.Optimizer) over the OpenAI SDK: any OpenAI-compatible server.
 
 tenacity is the one retry policy (the SDK's own retries are off, or attempts multiply); the
 response cache answers repeated requests without a call; the rate limiter paces all workers.
@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from tenacity import (
@@ -24,60 +24,12 @@ from tenacity import (
 )
 
 from reflact.cache import ResponseCache, cache_key
-from reflact.config import CacheMode, OptimizerConfig, Price, Provider, StructuredOutput
+from reflact.config import CacheMode, OptimizerConfig, Provider, StructuredOutput
 from reflact.errors import UserError
+from reflact.optimizer import CallError, Reply, Usage, estimate_tokens
 from reflact.ratelimit import RateLimiter
 
 log = logging.getLogger("reflact")
-CHARS_PER_TOKEN = 4  # a rough, offline estimate (no tokenizer download at run time)
-
-
-@dataclass
-class Usage:
-    prompt: int = 0
-    cached: int = 0
-    completion: int = 0
-    reasoning: int = 0  # part of completion
-
-    def add(self, other: "Usage") -> None:
-        self.prompt += other.prompt
-        self.cached += other.cached
-        self.completion += other.completion
-        self.reasoning += other.reasoning
-
-    def cost_usd(self, price: Price | None) -> float:
-        if price is None:
-            return 0.0
-        fresh = max(self.prompt - self.cached, 0)
-        return (fresh * price.input + self.cached * price.cached_input + self.completion * price.output) / 1e6
-
-
-@dataclass
-class Reply:
-    text: str
-    finish_reason: str | None
-    usage: Usage  # the reply's tokens (for a cache hit: those of the call that made it)
-    latency_s: float
-    retries: int = 0
-    from_cache: bool = False
-    structured: str = "off"  # what was sent as response_format
-    started_at: float = 0.0  # epoch seconds
-    cache_key: str = ""
-
-
-@dataclass
-class CallError(Exception):
-    """A call that still failed after the retry policy; `cause` is a one-line description."""
-
-    cause: str
-    retries: int = 0
-
-    def __str__(self) -> str:
-        return self.cause
-
-
-def estimate_tokens(messages: list[dict]) -> int:
-    return sum(len(m["content"]) for m in messages) // CHARS_PER_TOKEN
 
 
 def redact(text: str, secret: str) -> str:
@@ -89,6 +41,8 @@ def redact(text: str, secret: str) -> str:
 
 
 class OptimizerClient:
+    """Calls, with retries, the response cache and the rate limits of `optimizer.*`."""
+
     def __init__(self, cfg: OptimizerConfig, sdk: object, cache: ResponseCache | None = None, secret: str = "") -> None:
         self.cfg = cfg
         self._sdk = sdk

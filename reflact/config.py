@@ -174,6 +174,39 @@ def register() -> None:
         OmegaConf.register_new_resolver("project_dir", lambda: str(PROJECT_DIR))
 
 
+def from_hydra(dict_cfg) -> tuple[ReflactConfig, dict[str, str]]:
+    """The typed, checked config and its params (flat strings, as tracked) from a config Hydra
+    composed or a run's saved `.hydra/config.yaml`: the one way a config becomes settings."""
+    from omegaconf import OmegaConf
+
+    # merging into the schema also rejects keys added with `+`, which Hydra lets through
+    typed = OmegaConf.merge(OmegaConf.structured(ReflactConfig), OmegaConf.to_container(dict_cfg))
+    cfg = validate(OmegaConf.to_object(typed))
+    return cfg, params(cfg)
+
+
+def params(cfg: ReflactConfig) -> dict[str, str]:
+    """The whole config flattened to `section.key` strings (no secrets: keys are never in it)."""
+    from omegaconf import OmegaConf
+
+    return _flatten(OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True))
+
+
+PARAM_MAX_CHARS = 500  # long texts (step buffer, meta skill) go in as artifacts, not params
+
+
+def _flatten(tree: object, prefix: str = "") -> dict[str, str]:
+    if isinstance(tree, dict):
+        out: dict[str, str] = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    text = "" if tree is None else str(tree)
+    if len(text) > PARAM_MAX_CHARS:
+        text = text[: PARAM_MAX_CHARS - 1] + "…"
+    return {prefix.rstrip("."): text}
+
+
 def validate(cfg: ReflactConfig) -> ReflactConfig:
     """Range and choice checks; returns the config with the update mode's canonical name."""
     r = cfg.reflect
@@ -244,23 +277,3 @@ def _price(model: str, value: object) -> Price:
 def _at_least(value: int, low: int, key: str) -> None:
     if value < low:
         raise UserError(f"{key} must be >= {low}, got {value}")
-
-
-def user_error_message(exc: BaseException) -> str | None:
-    """One line for a user mistake (ours, or Hydra's and OmegaConf's about the config); None for a bug."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    if isinstance(exc, UserError):
-        return str(exc)
-    cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else None
-    if isinstance(exc, OmegaConfBaseException):
-        cause = exc
-    if cause is not None:
-        key = getattr(cause, "full_key", None)
-        first = str(getattr(cause, "msg", None) or cause).strip().splitlines()[0]
-        return f"config: {key}: {first}" if key else f"config: {first}"
-    if isinstance(exc, HydraException):
-        text = str(exc).split("Config search path")[0]  # the search path only repeats our own folders
-        return "config: " + " ".join(line.strip() for line in text.splitlines() if line.strip())
-    return None

@@ -1,9 +1,54 @@
-"""The one exception type for user mistakes (bad config, bad input files).
+"""User mistakes: the one exception type for them, and how every command reports them.
 
-The entry point turns it into a one-line message and exit code 2; anything else is a bug
-and keeps its traceback.
+A mistake (bad config, bad input file) ends a command with one line on stderr naming the key,
+file or line at fault, and exit code 2; anything else is a bug and keeps its traceback.
 """
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 
 class UserError(Exception):
     """A mistake the user can fix; the message names the key, file or line at fault."""
+
+
+def user_error_message(exc: BaseException) -> str | None:
+    """One line for a user mistake (ours, or Hydra's and OmegaConf's about the config); None for a bug."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(exc, UserError):
+        return " ".join(str(exc).splitlines())
+    cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else None
+    if isinstance(exc, OmegaConfBaseException):
+        cause = exc
+    if cause is not None:
+        key = getattr(cause, "full_key", None)
+        first = str(getattr(cause, "msg", None) or cause).strip().splitlines()[0]
+        return f"config: {key}: {first}" if key else f"config: {first}"
+    if isinstance(exc, HydraException):
+        text = str(exc).split("Config search path")[0]  # the search path only repeats our own folders
+        return "config: " + " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return None
+
+
+def exits_on_user_error(command: Callable[..., T]) -> Callable[..., T]:
+    """Wraps a command: a user mistake becomes one line on stderr and exit code 2."""
+
+    @functools.wraps(command)
+    def guarded(*args, **kwargs) -> T:
+        try:
+            return command(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - mistakes get one line; bugs keep their traceback
+            message = user_error_message(exc)
+            if message is None:
+                raise
+            print(f"reflact: error: {message}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+    return guarded

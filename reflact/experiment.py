@@ -1,4 +1,4 @@
-"""One experiment, end to end: inputs, the stage, the summary, then tracking."""
+"""One experiment, end to end: inputs, the stage, the run's summary and report, then tracking."""
 
 from __future__ import annotations
 
@@ -7,13 +7,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from reflact.client import make_client
 from reflact.config import ReflactConfig
 from reflact.dataset import load_dataset
-from reflact.preview import preview_run
-from reflact.run_report import write_run_report
+from reflact.optimizer import make_optimizer
 from reflact.stage import Stage
-from reflact.summary import write_summary
+from reflact.summary import summarize
 from reflact.tracking import log_run
 
 log = logging.getLogger("reflact")
@@ -21,7 +19,7 @@ log = logging.getLogger("reflact")
 
 def run_experiment(
     cfg: ReflactConfig,
-    params: dict,
+    params: dict[str, str],
     run_dir: Path,
     launch_dir: Path,
     sweep_dir: Path | None = None,
@@ -31,8 +29,8 @@ def run_experiment(
     `record_config` writes the run's config beside its outputs (a bad rerun changes nothing)."""
     started = time.monotonic()
     dataset = load_dataset(cfg.data)
-    client = None if cfg.optimizer.dry_run else make_client(cfg.optimizer, launch_dir)
-    stage = Stage(cfg, dataset, client, run_dir)
+    optimizer = make_optimizer(cfg, launch_dir, dataset.skill)
+    stage = Stage(cfg, dataset, optimizer, run_dir)
     if record_config is not None:
         record_config()
     if dataset.skipped:
@@ -41,13 +39,17 @@ def run_experiment(
     try:
         outcomes = stage.run()
     finally:
-        if client is not None:
-            client.close()
-    previews = preview_run(run_dir, dataset.skill, stage.mode, [o.tag for o in outcomes])
-    summary = write_summary(run_dir, cfg, dataset, outcomes, previews, stage.system.hashes(), time.monotonic() - started)
-    write_run_report(run_dir, summary)
+        optimizer.close()
+    summary = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.system.hashes(), started,
+                        time.monotonic)
     if cfg.mlflow.enabled:
         log_run(cfg, params, summary, run_dir, launch_dir, sweep_dir)
+    report_end(cfg, summary, stage.mode.label, run_dir)
+    return summary
+
+
+def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: Path) -> None:
+    """The run's last lines: what it did, and what needs a rerun."""
     c = summary["counts"]
     if cfg.optimizer.dry_run:
         log.info(
@@ -61,9 +63,11 @@ def run_experiment(
             "%d/%d %s kept, %d tokens, $%.4f spent now ($%.4f for all patches); outputs in %s",
             c["minibatches"], c["minibatches_done"], c["minibatches_reused"], c["minibatches_failed"],
             c["minibatches_skipped"], c["calls"], c["cache_hits"], c["edits_kept"], c["edits_proposed"],
-            stage.mode.label, c["tokens_prompt"] + c["tokens_completion"], c["spent_usd"], c["cost_usd"], run_dir,
+            label, c["tokens_prompt"] + c["tokens_completion"], c["spent_usd"], c["cost_usd"], run_dir,
         )
+    if c["minibatches_not_run"]:
+        log.warning("the cost limit optimizer.max_cost_usd=%s was reached: %d minibatch(es) not run",
+                    cfg.optimizer.max_cost_usd, c["minibatches_not_run"])
     if c["minibatches_failed"]:
         log.warning("%d minibatch(es) failed; rerun with the same hydra.run.dir to redo only those",
                     c["minibatches_failed"])
-    return summary

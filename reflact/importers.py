@@ -17,7 +17,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reflact.errors import UserError
+from reflact.errors import UserError, exits_on_user_error
 from reflact.files import write_json, write_text
 
 FORMATS = ("taubench", "chat_jsonl")
@@ -343,13 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@exits_on_user_error
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        imported = import_runs(args.format, args.input, args.dataset_dir, args.force)
-    except UserError as exc:
-        print(f"reflact: error: {' '.join(str(exc).splitlines())}", file=sys.stderr)
-        return 2
+    imported = import_runs(args.format, args.input, args.dataset_dir, args.force)
     for warning in imported.warnings:
         print(f"reflact: warning: {warning}", file=sys.stderr)
     print(summary(imported, args.dataset_dir))

@@ -10,18 +10,23 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from reflact.errors import UserError
 
 
+EDIT_OPS = ("append", "insert_after", "replace", "delete")
+NEEDS_TARGET = ("insert_after", "replace", "delete")  # ops that find a target in the skill
+NEEDS_CONTENT = ("append", "insert_after", "replace")  # ops that write text
+
+
 class Edit(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    op: Literal["append", "insert_after", "replace", "delete"]
+    op: Literal[EDIT_OPS]  # the tuple subscripts as its members
     target: Optional[str] = None
     content: Optional[str] = None
 
     @model_validator(mode="after")
     def _fields_for_op(self) -> "Edit":
-        if self.op in ("insert_after", "replace", "delete") and not self.target:
+        if self.op in NEEDS_TARGET and not self.target:
             raise ValueError(f"op '{self.op}' needs a non-empty 'target'")
-        if self.op in ("append", "insert_after", "replace") and self.content is None:
+        if self.op in NEEDS_CONTENT and self.content is None:
             raise ValueError(f"op '{self.op}' needs 'content'")
         return self
 
@@ -52,11 +57,12 @@ class Mode:
     label: str  # what the budget line counts, plural
     budget_heading: str
     template_suffix: str  # appended to the group's template name in prompts/
+    number: int  # the mode as a metric, so charts can use it; fixed: logged runs keep their meaning
     full_rewrite: bool = False
 
 
 MODES = {
-    "patch": Mode("patch", "edits", Edit, "edits", "Edit Budget", ""),
+    "patch": Mode("patch", "edits", Edit, "edits", "Edit Budget", "", number=0),
     "rewrite_from_suggestions": Mode(
         "rewrite_from_suggestions",
         "revise_suggestions",
@@ -64,6 +70,7 @@ MODES = {
         "revise suggestions",
         "Suggestion Budget",
         "_rewrite",
+        number=1,
     ),
     "full_rewrite_minibatch": Mode(
         "full_rewrite_minibatch",
@@ -72,6 +79,7 @@ MODES = {
         "skill candidates",
         "Update Format",
         "_full_rewrite",
+        number=2,
         full_rewrite=True,
     ),
 }
@@ -98,6 +106,10 @@ def normalize_mode(name: str) -> str:
 
 def get_mode(name: str) -> Mode:
     return MODES[normalize_mode(name)]
+
+
+def mode_by_number(number: int) -> Mode:
+    return next(mode for mode in MODES.values() if mode.number == number)
 
 
 def reply_schema(mode: Mode, group: str, notes_allowed: bool) -> dict:

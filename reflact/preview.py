@@ -1,19 +1,20 @@
-"""What the saved patches would do to the skill (SPEC 5): candidate skills, diffs, apply status.
+"""What a saved patch would do to the skill (SPEC 5): the candidate skill, its diff, each edit's status.
 
-Patch mode applies each minibatch's kept edits to the current skill and records every edit's
-status; full-rewrite mode diffs each candidate skill. Rewrite-from-suggestions has no text to
+Patch mode applies a minibatch's kept edits to the current skill and records every edit's
+status; full-rewrite mode diffs the candidate skill. Rewrite-from-suggestions has no text to
 apply (an editor model turns the suggestions into a skill later), so it gets no preview.
-Written under `preview/` in the run dir; the counts go into the summary and MLflow.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from reflact.apply import apply_counts, apply_edits, unified_diff
-from reflact.files import read_json, write_text
+from reflact.files import write_text
 from reflact.modes import Mode
+from reflact.rundir import RunDir
+
+APPLY_COUNTS = ("applied", "fallback", "skipped", "total")
 
 
 @dataclass
@@ -23,36 +24,30 @@ class Preview:
     counts: dict = field(default_factory=dict)  # applied, fallback, skipped, total, apply_share
 
 
-def preview_patch(skill: str, patch: dict, mode: Mode, tag: str, out_dir: Path) -> Preview | None:
+def candidate(skill: str, patch: dict, mode: Mode, tag: str) -> tuple[str, Preview] | None:
+    """(the candidate skill, its preview), or None when the mode has no text to apply."""
     items = (patch.get("patch") or {}).get(mode.payload_key) or []
     if mode.name == "patch":
-        candidate, statuses = apply_edits(skill, items)
-        result = Preview(tag, [asdict(s) for s in statuses], apply_counts(statuses))
-    elif mode.full_rewrite and items:
-        candidate = str(items[0].get("new_skill", ""))
-        result = Preview(tag)
-    else:
+        text, statuses = apply_edits(skill, items)
+        return text, Preview(tag, [asdict(s) for s in statuses], apply_counts(statuses))
+    if mode.full_rewrite and items:
+        return str(items[0].get("new_skill", "")), Preview(tag)
+    return None
+
+
+def write_preview(run_dir: RunDir, skill: str, patch: dict, mode: Mode, tag: str) -> Preview | None:
+    made = candidate(skill, patch, mode, tag)
+    if made is None:
         return None
-    write_text(out_dir / f"{tag}.skill.md", candidate)
-    write_text(out_dir / f"{tag}.diff", unified_diff(skill, candidate, "skill.md") or "(no change)\n")
-    return result
-
-
-def preview_run(run_dir: Path, skill: str, mode: Mode, tags: list[str]) -> dict[str, Preview]:
-    """Previews of every saved patch among `tags` (minibatches without a patch are left out)."""
-    previews = {}
-    for tag in tags:
-        patch = read_json(run_dir / "patches" / f"{tag}.json")
-        if isinstance(patch, dict):
-            result = preview_patch(skill, patch, mode, tag, run_dir / "preview")
-            if result is not None:
-                previews[tag] = result
-    return previews
+    text, preview = made
+    skill_path, diff_path = run_dir.preview_paths(tag)
+    write_text(skill_path, text)
+    write_text(diff_path, unified_diff(skill, text, "skill.md") or "(no change)\n")
+    return preview
 
 
 def run_apply_counts(previews: dict[str, Preview]) -> dict:
     """Run totals; `apply_share` is the share of kept edits that would apply (or fall back)."""
-    totals = {key: sum(p.counts.get(key, 0) for p in previews.values()) for key in
-              ("applied", "fallback", "skipped", "total")}
+    totals = {key: sum(p.counts.get(key, 0) for p in previews.values()) for key in APPLY_COUNTS}
     totals["apply_share"] = (totals["applied"] + totals["fallback"]) / totals["total"] if totals["total"] else 0.0
     return totals

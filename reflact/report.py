@@ -15,7 +15,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from reflact.modes import MODES
+from reflact.errors import UserError, exits_on_user_error
+from reflact.modes import mode_by_number
 
 METRICS = ("edits_kept", "edits_truncated", "parse_failures", "tokens", "cost_usd", "wall_time_s")
 
@@ -49,7 +50,7 @@ def grid_rows(runs: list) -> list[dict]:
         m = run.data.metrics
         if not {"M", "L", "mode"} <= m.keys():
             continue
-        key = (list(MODES)[int(m["mode"])], int(m["M"]), int(m["L"]))
+        key = (mode_by_number(int(m["mode"])).name, int(m["M"]), int(m["L"]))
         cells.setdefault(key, []).append(derived(m))
     rows = []
     for (mode, M, L), values in sorted(cells.items()):
@@ -131,10 +132,13 @@ def report_sweep(client, sweep_id: str, out: Path, parent_run_id: str | None = N
     return paths
 
 
+@exits_on_user_error
 def main(argv: list[str] | None = None) -> int:
+    from reflact.tracking import default_tracking_uri
+
     parser = argparse.ArgumentParser(description="Rebuild a sweep's M x L report from the MLflow store.")
     parser.add_argument("sweep_id", help="the sweep's reflact.sweep_id tag, e.g. outputs/sweeps/demo")
-    parser.add_argument("--tracking-uri", default=f"sqlite:///{Path('outputs/mlflow.db').resolve()}")
+    parser.add_argument("--tracking-uri", default=default_tracking_uri(Path.cwd()))
     parser.add_argument("--out", type=Path, default=None, help="folder for the report (default: the sweep id)")
     args = parser.parse_args(argv)
     from mlflow.tracking import MlflowClient
@@ -147,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(args.sweep_id) / "report"
     paths = report_sweep(client, args.sweep_id, out, parents[0].info.run_id if parents else None)
     if not paths:
-        print(f"reflact: error: no runs tagged reflact.sweep_id={args.sweep_id} in {args.tracking_uri}",
-              file=sys.stderr)
-        return 2
+        raise UserError(f"no runs tagged reflact.sweep_id={args.sweep_id} in {args.tracking_uri}")
     print("\n".join(str(p) for p in paths))
     return 0
 

@@ -10,9 +10,11 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from reflact import config
+from reflact.errors import exits_on_user_error
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@exits_on_user_error  # inside the job too: Hydra would wrap a mistake in its own report
 def _job(dict_cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -21,19 +23,12 @@ def _job(dict_cfg: DictConfig) -> None:
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
-    try:
-        # merging into the schema also rejects keys added with `+`, which Hydra lets through
-        typed = OmegaConf.merge(OmegaConf.structured(config.ReflactConfig), OmegaConf.to_container(dict_cfg))
-        cfg = config.validate(OmegaConf.to_object(typed))
-        params = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
-        sweep_dir = Path(hc.sweep.dir).resolve() if hc.mode == RunMode.MULTIRUN else None
-        summary = run_experiment(
-            cfg, params, run_dir, Path(hydra.utils.get_original_cwd()), sweep_dir,
-            record_config=lambda: _record_config(dict_cfg, hc, run_dir),
-        )
-    except Exception as exc:  # noqa: BLE001 - reported here, before Hydra wraps it in its own report
-        _exit_if_user_error(exc)
-        raise
+    cfg, params = config.from_hydra(dict_cfg)
+    sweep_dir = Path(hc.sweep.dir).resolve() if hc.mode == RunMode.MULTIRUN else None
+    summary = run_experiment(
+        cfg, params, run_dir, Path(hydra.utils.get_original_cwd()), sweep_dir,
+        record_config=lambda: _record_config(dict_cfg, hc, run_dir),
+    )
     if summary["counts"]["minibatches_failed"] and not cfg.reflect.allow_failed_minibatches:
         print("reflact: some minibatches failed and reflect.allow_failed_minibatches=false", file=sys.stderr)
         sys.exit(1)
@@ -42,30 +37,18 @@ def _job(dict_cfg: DictConfig) -> None:
 def _record_config(dict_cfg: DictConfig, hc: DictConfig, run_dir: Path) -> None:
     """What Hydra would write to .hydra/ (hydra.output_subdir is off), written only once the
     config and inputs passed their checks, so a mistaken rerun leaves the record alone."""
-    from reflact.files import write_text
+    from reflact.rundir import RunDir
 
-    folder = run_dir / ".hydra"
-    write_text(folder / "config.yaml", OmegaConf.to_yaml(dict_cfg))
-    write_text(folder / "hydra.yaml", OmegaConf.to_yaml({"hydra": hc}))
-    write_text(folder / "overrides.yaml", OmegaConf.to_yaml(list(hc.overrides.task)))
+    RunDir(run_dir).write_config(OmegaConf.to_yaml(dict_cfg), OmegaConf.to_yaml({"hydra": hc}),
+                                 OmegaConf.to_yaml(list(hc.overrides.task)))
 
 
+@exits_on_user_error  # config errors raised while Hydra composes
 def main() -> None:
     config.register()
     # Hydra then raises instead of printing a multi-line report, so user mistakes get one line
     os.environ["HYDRA_FULL_ERROR"] = "1"
-    try:
-        _job()
-    except Exception as exc:  # noqa: BLE001 - config errors raised while Hydra composes
-        _exit_if_user_error(exc)
-        raise
-
-
-def _exit_if_user_error(exc: BaseException) -> None:
-    message = config.user_error_message(exc)
-    if message is not None:
-        print(f"reflact: error: {message}", file=sys.stderr)
-        sys.exit(2)
+    _job()
 
 
 if __name__ == "__main__":

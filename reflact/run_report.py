@@ -7,36 +7,36 @@ or worked, and its kept items with their apply status.
 from __future__ import annotations
 
 import json
-from itertools import groupby
-from pathlib import Path
+import shutil
+from typing import TextIO
 
-from reflact.files import atomic_writer, read_json
-from reflact.modes import get_mode
-from reflact.summary import read_kept_items
+from reflact.outcome import Outcome
+from reflact.rundir import RunDir
 
 SNIPPET = 400  # characters of an item's text shown; the whole item is in the patch file
 
 
-def write_run_report(run_dir: Path, summary: dict) -> Path:
-    """Written section by section, so a run of any size is reported in little memory."""
-    path = run_dir / "report.md"
-    with atomic_writer(path) as handle:
-        handle.write(_head(run_dir, summary))
-        mode = get_mode(summary["settings"]["update_mode"])
-        rows = groupby(read_kept_items(run_dir), key=lambda row: row["minibatch"])
-        tag, group = next(rows, (None, iter(())))
-        for mb in summary["minibatches"]:
-            kept = []
-            if mb["tag"] == tag:
-                kept = list(group)
-                tag, group = next(rows, (None, iter(())))
-            handle.write("\n" + "\n".join(_minibatch(run_dir, mb, kept, mode.payload_key)) + "\n")
-    return path
+def write_run_report(run_dir: RunDir, summary: dict, sections: TextIO) -> None:
+    """The head (settings, counts), then the minibatches' sections, copied from `sections`."""
+    with run_dir.report_writer() as handle:
+        handle.write(_head(run_dir.root.name, summary))
+        shutil.copyfileobj(sections, handle)
 
 
-def _head(run_dir: Path, summary: dict) -> str:
+def minibatch_section(o: Outcome, patch: dict | None, rows: list[dict], payload_key: str) -> str:
+    """One minibatch: status, trajectories, the model's summary and reasoning, its kept items."""
+    ids = ", ".join(f"`{i}`" for i in o.ids)
+    lines = [f"### {o.tag}: {o.status}", "", f"Trajectories ({o.analysed} analysed): {ids}"]
+    if o.error:
+        lines += ["", f"Error: {o.error}"]
+    if patch is not None:
+        lines += _patch_lines(o, patch, rows, payload_key)
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def _head(name: str, summary: dict) -> str:
     s, c = summary["settings"], summary["counts"]
-    lines = ["# reflact run report", "", f"Run dir: `{run_dir.name}`", "", "## Settings", ""]
+    lines = ["# reflact run report", "", f"Run dir: `{name}`", "", "## Settings", ""]
     lines += _table(["setting", "value"], [[k, _short(v)] for k, v in s.items() if k != "template_hashes"])
     lines += ["", "Template hashes: " + ", ".join(f"{g} `{h}`" for g, h in s["template_hashes"].items()), ""]
     lines += ["## Counts", ""]
@@ -47,24 +47,18 @@ def _head(run_dir: Path, summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _minibatch(run_dir: Path, mb: dict, rows: list[dict], payload_key: str) -> list[str]:
-    lines = [f"### {mb['tag']}: {mb['status']}", "",
-             f"Trajectories ({mb['analysed']} analysed): " + ", ".join(f"`{i}`" for i in mb["ids"])]
-    if mb["error"]:
-        lines += ["", f"Error: {mb['error']}"]
-    patch = read_json(run_dir / "patches" / f"{mb['tag']}.json")
-    if not isinstance(patch, dict):
-        return lines
-    summary_key = "failure_summary" if mb["group"] == "failure" else "success_patterns"
+def _patch_lines(o: Outcome, patch: dict, rows: list[dict], payload_key: str) -> list[str]:
+    lines = []
+    summary_key = "failure_summary" if o.group == "failure" else "success_patterns"
     patterns = patch.get(summary_key)
     if patterns:
-        lines += ["", f"**{'Failure summary' if mb['group'] == 'failure' else 'Success patterns'}**", ""]
+        lines += ["", f"**{'Failure summary' if o.group == 'failure' else 'Success patterns'}**", ""]
         for p in patterns if isinstance(patterns, list) else [patterns]:
             lines.append(f"- {_pattern(p)}")
     reasoning = (patch.get("patch") or {}).get("reasoning")
     if reasoning:
         lines += ["", f"**Reasoning**: {_short(reasoning)}"]
-    lines += ["", f"**Kept {payload_key}** ({mb['kept']} of {mb['proposed']} proposed)", ""]
+    lines += ["", f"**Kept {payload_key}** ({o.kept} of {o.proposed} proposed)", ""]
     for row in rows:
         status = row.get("apply", {})
         tag = f" [{status['status']}{': ' + status['reason'] if status.get('reason') else ''}]" if status else ""

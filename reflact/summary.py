@@ -1,19 +1,30 @@
-"""The run's summary.json (settings, counts, one record per minibatch) and kept_items.jsonl
-(every kept item with its minibatch, trajectory ids and apply status)."""
+"""After the stage: one pass over the saved patches writes the previews, kept_items.jsonl (every
+kept item with its minibatch, trajectory ids and apply status), report.md and summary.json
+(settings, run counts, one record per minibatch). Each patch is read once, one at a time, so
+memory stays flat however large the run."""
 
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import asdict
-from pathlib import Path
 
-from reflact.client import Usage
 from reflact.config import ReflactConfig
 from reflact.dataset import Dataset
-from reflact.files import atomic_writer, read_json, write_json
-from reflact.modes import get_mode
-from reflact.preview import Preview, run_apply_counts
-from reflact.stage import Outcome, split
+from reflact.modes import Mode
+from reflact.optimizer import Usage
+from reflact.outcome import STATUSES, Outcome
+from reflact.plan import split
+from reflact.preview import Preview, run_apply_counts, write_preview
+from reflact.run_report import minibatch_section, write_run_report
+from reflact.rundir import RunDir
+
+WITH_PATCH = ("done", "reused")
+
+
+def apply_metrics(counts: dict) -> dict[str, float]:
+    """Apply counts under their metric names: edits_applied, edits_fallback, edits_skipped, apply_share."""
+    return {(key if key == "apply_share" else f"edits_{key}"): value for key, value in counts.items() if key != "total"}
 
 
 def settings(cfg: ReflactConfig, template_hashes: dict[str, str]) -> dict:
@@ -36,20 +47,14 @@ def counts(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], wall_t
     usage = Usage()
     for o in outcomes:
         usage.add(o.usage)
-    by_status = {status: sum(1 for o in outcomes if o.status == status) for status in
-                 ("done", "reused", "failed", "skipped", "not_run", "dry_run")}
+    by_status = {status: sum(1 for o in outcomes if o.status == status) for status in STATUSES}
     return {
         "results": len(dataset.results),
         "failures": len(failures),
         "successes": len(successes),
         "skipped": len(dataset.skipped),
         "minibatches": len(outcomes),
-        "minibatches_done": by_status["done"],
-        "minibatches_reused": by_status["reused"],
-        "minibatches_failed": by_status["failed"],
-        "minibatches_skipped": by_status["skipped"],
-        "minibatches_not_run": by_status["not_run"],
-        "minibatches_dry_run": by_status["dry_run"],
+        **{f"minibatches_{status}": n for status, n in by_status.items()},
         "calls": sum(o.calls for o in outcomes),
         "failed_calls": sum(o.failed_calls for o in outcomes),
         "reasks": sum(o.reasks for o in outcomes),
@@ -68,45 +73,46 @@ def counts(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], wall_t
     }
 
 
-KEPT_ITEMS = "kept_items.jsonl"
+def kept_rows(outcome: Outcome, patch: dict, mode: Mode, preview: Preview | None) -> list[dict]:
+    """The minibatch's kept items with its tag, trajectory ids and (patch mode) apply status."""
+    statuses = preview.statuses if preview else []
+    rows = []
+    for position, item in enumerate((patch.get("patch") or {}).get(mode.payload_key) or []):
+        row = {"minibatch": outcome.tag, "position": position, "trajectory_ids": outcome.ids, "item": item}
+        if position < len(statuses):
+            row["apply"] = {"status": statuses[position]["status"], "reason": statuses[position]["reason"]}
+        rows.append(row)
+    return rows
 
 
-def kept_items(cfg: ReflactConfig, patches_dir: Path, outcomes: list[Outcome], previews: dict[str, Preview]):
-    """Every kept item with its minibatch, trajectory ids and (patch mode) apply status, one
-    patch file at a time (a large run's items are never all in memory)."""
-    key = get_mode(cfg.reflect.update_mode).payload_key
-    for o in outcomes:
-        patch = read_json(patches_dir / f"{o.tag}.json")
-        if o.status not in ("done", "reused") or not isinstance(patch, dict):
-            continue
-        statuses = previews[o.tag].statuses if o.tag in previews else []
-        for position, item in enumerate((patch.get("patch") or {}).get(key) or []):
-            row = {"minibatch": o.tag, "position": position, "trajectory_ids": o.ids, "item": item}
-            if position < len(statuses):
-                row["apply"] = {"status": statuses[position]["status"], "reason": statuses[position]["reason"]}
-            yield row
+def summarize(run_dir: RunDir, cfg: ReflactConfig, dataset: Dataset, mode: Mode, outcomes: list[Outcome],
+              template_hashes: dict, started: float, clock) -> dict:
+    """Writes the previews, kept items, summary and report; returns the summary.
+    `clock() - started` is the run's wall time when the summary is made."""
+    previews: dict[str, Preview] = {}
+    with run_dir.kept_items_writer() as kept, tempfile.TemporaryFile("w+", encoding="utf-8") as sections:
+        for o in outcomes:
+            patch = run_dir.patch(o.tag) if o.status in WITH_PATCH else None
+            rows = []
+            if patch is not None:
+                preview = write_preview(run_dir, dataset.skill, patch, mode, o.tag)
+                previews.update({o.tag: preview} if preview else {})
+                rows = kept_rows(o, patch, mode, preview)
+                kept.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+            sections.write(minibatch_section(o, patch, rows, mode.payload_key))
+        summary = make_summary(cfg, dataset, outcomes, previews, template_hashes, clock() - started)
+        run_dir.write_summary(summary)
+        sections.seek(0)
+        write_run_report(run_dir, summary, sections)
+    return summary
 
 
-def read_kept_items(run_dir: Path):
-    with open(run_dir / KEPT_ITEMS, encoding="utf-8") as handle:
-        for line in handle:
-            yield json.loads(line)
-
-
-def write_summary(
-    run_dir: Path,
-    cfg: ReflactConfig,
-    dataset: Dataset,
-    outcomes: list[Outcome],
-    previews: dict[str, Preview],
-    template_hashes: dict,
-    wall_time_s: float,
-) -> dict:
+def make_summary(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], previews: dict[str, Preview],
+                 template_hashes: dict, wall_time_s: float) -> dict:
     run_counts = counts(cfg, dataset, outcomes, wall_time_s)
     if cfg.reflect.update_mode == "patch":
-        applied = run_apply_counts(previews)
-        run_counts.update({f"edits_{k}" if k != "apply_share" else k: v for k, v in applied.items() if k != "total"})
-    summary = {
+        run_counts.update(apply_metrics(run_apply_counts(previews)))
+    return {
         "settings": settings(cfg, template_hashes),
         "counts": run_counts,
         "skipped": dataset.skipped,
@@ -115,10 +121,3 @@ def write_summary(
             for o in outcomes
         ],
     }
-    with atomic_writer(run_dir / KEPT_ITEMS) as handle:
-        for row in kept_items(cfg, run_dir / "patches", outcomes, previews):
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-    # compact: json's fast encoder only runs without indent, and the file is for programs
-    # (report.md is the one for people)
-    write_json(run_dir / "summary.json", summary, indent=None)
-    return summary

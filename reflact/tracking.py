@@ -13,14 +13,13 @@ from pathlib import Path
 
 from reflact.config import ReflactConfig
 from reflact.files import read_json, write_json
-from reflact.modes import MODES
-from reflact.summary import KEPT_ITEMS, read_kept_items
+from reflact.modes import get_mode
+from reflact.rundir import MLFLOW_RUN, RunDir
+from reflact.summary import apply_metrics
 
 log = logging.getLogger("reflact")
 
-RUN_FILE = "mlflow_run.json"  # in a run dir: the MLflow run it was logged as
 PARENT_FILE = "mlflow_parent.json"  # in a sweep dir: the sweep's parent run
-PARAM_MAX_CHARS = 500  # long texts (step buffer, meta skill) go in as artifacts, not params
 MINIBATCH_METRICS = ("analysed", "skipped", "proposed", "kept", "truncated", "calls", "failed_calls", "reasks",
                      "retries", "cache_hits", "parts", "shortened", "cost_usd", "spent_usd", "latency_s")
 
@@ -29,25 +28,13 @@ def default_tracking_uri(launch_dir: Path) -> str:
     return f"sqlite:///{(launch_dir / 'outputs' / 'mlflow.db').resolve()}"
 
 
-def flatten(tree: object, prefix: str = "") -> dict[str, str]:
-    if isinstance(tree, dict):
-        out: dict[str, str] = {}
-        for key, value in tree.items():
-            out.update(flatten(value, f"{prefix}{key}."))
-        return out
-    text = "" if tree is None else str(tree)
-    if len(text) > PARAM_MAX_CHARS:
-        text = text[: PARAM_MAX_CHARS - 1] + "…"
-    return {prefix.rstrip("."): text}
-
-
 def run_metrics(summary: dict) -> dict[str, float]:
     s = summary["settings"]
     metrics = {
         "M": s["minibatch_size"],
         "L": s["edit_budget"],
         "seed": s["seed"],
-        "mode": list(MODES).index(s["update_mode"]),  # 0 patch, 1 rewrite, 2 full rewrite
+        "mode": get_mode(s["update_mode"]).number,  # 0 patch, 1 rewrite, 2 full rewrite
     }
     metrics.update({k: float(v) for k, v in summary["counts"].items()})
     return metrics
@@ -61,8 +48,8 @@ def minibatch_series(summary: dict) -> list[tuple[str, float, int]]:
             rows.append((f"minibatch/{key}", float(mb[key]), step))
         for key, value in mb["usage"].items():
             rows.append((f"minibatch/tokens_{key}", float(value), step))
-        for key, value in mb.get("apply", {}).items():
-            rows.append((f"minibatch/{'edits_' + key if key != 'apply_share' else key}", float(value), step))
+        for key, value in apply_metrics(mb.get("apply", {})).items():
+            rows.append((f"minibatch/{key}", float(value), step))
     return rows
 
 
@@ -89,7 +76,7 @@ def sweep_id(sweep_dir: Path, launch_dir: Path) -> str:
 
 
 def log_run(
-    cfg: ReflactConfig, params: dict, summary: dict, run_dir: Path, launch_dir: Path, sweep_dir: Path | None = None
+    cfg: ReflactConfig, params: dict[str, str], summary: dict, run_dir: Path, launch_dir: Path, sweep_dir: Path | None = None
 ) -> str | None:
     """Log the run; returns its MLflow run id, or None (with a warning) when tracking failed.
 
@@ -112,7 +99,7 @@ def log_run(
         return None
 
 
-def _log(uri: str, cfg: ReflactConfig, params: dict, summary: dict, run_dir: Path, launch_dir: Path,
+def _log(uri: str, cfg: ReflactConfig, params: dict[str, str], summary: dict, run_dir: Path, launch_dir: Path,
          sweep_dir: Path | None) -> str:
     import mlflow
     from mlflow.entities import Metric, Param
@@ -130,15 +117,15 @@ def _log(uri: str, cfg: ReflactConfig, params: dict, summary: dict, run_dir: Pat
         else:
             log.warning("no MLflow parent run for sweep %s; the run is tagged reflact.sweep_id instead",
                         tags["reflact.sweep_id"])
-    earlier = read_json(run_dir / RUN_FILE)
+    earlier = read_json(run_dir / MLFLOW_RUN)
     run = client.create_run(exp_id, run_name=run_name, tags=tags)
     run_id = run.info.run_id
-    write_json(run_dir / RUN_FILE, {"run_id": run_id, "tracking_uri": uri})
+    write_json(run_dir / MLFLOW_RUN, {"run_id": run_id, "tracking_uri": uri})
     if isinstance(earlier, dict) and earlier.get("tracking_uri") == uri:
         _delete(client, earlier["run_id"])
     status = "FAILED"
     try:
-        items = [Param(k, v) for k, v in flatten(params).items()]
+        items = [Param(k, v) for k, v in params.items()]
         items += [Param(f"template_hash.{g}", h) for g, h in summary["settings"]["template_hashes"].items()]
         for start in range(0, len(items), 100):
             client.log_batch(run_id, params=items[start : start + 100])
@@ -147,20 +134,18 @@ def _log(uri: str, cfg: ReflactConfig, params: dict, summary: dict, run_dir: Pat
         metrics += [Metric(k, v, now, step) for k, v, step in minibatch_series(summary)]
         for start in range(0, len(metrics), 1000):
             client.log_batch(run_id, metrics=metrics[start : start + 1000])
-        for name in ("patches", "calls"):
-            if (run_dir / name).is_dir():
-                client.log_artifacts(run_id, str(run_dir / name), name)
-        if (run_dir / "preview").is_dir():
-            client.log_artifacts(run_id, str(run_dir / "preview"), "preview")
-        for name in ("summary.json", KEPT_ITEMS, "report.md", ".hydra/config.yaml", ".hydra/overrides.yaml"):
-            if (run_dir / name).is_file():
-                client.log_artifact(run_id, str(run_dir / name), "run" if "/" not in name else "run/hydra")
-        rows = list(read_kept_items(run_dir)) if (run_dir / KEPT_ITEMS).is_file() else []
+        rd = RunDir(run_dir)
+        for folder in (rd.patches, rd.calls, rd.preview):
+            if folder.is_dir():
+                client.log_artifacts(run_id, str(folder), folder.name)
+        for path, folder in rd.artifact_files():
+            client.log_artifact(run_id, str(path), folder)
+        rows = list(rd.kept_items())
         if rows:
             client.log_table(run_id, _kept_table(rows), "kept_items.json")
         if cfg.mlflow.trace_calls:
             mlflow.set_tracking_uri(uri)  # the trace exporter writes to the global tracking store
-            _log_traces(client, exp_id, run_id, summary, run_dir)
+            _log_traces(client, exp_id, run_id, summary, rd)
         status = "FINISHED"
     finally:
         client.set_terminated(run_id, status)
@@ -189,17 +174,16 @@ def _kept_table(rows: list[dict]) -> dict[str, list]:
     }
 
 
-def _log_traces(client, experiment_id: str, run_id: str, summary: dict, run_dir: Path) -> None:
+def _log_traces(client, experiment_id: str, run_id: str, summary: dict, run_dir: RunDir) -> None:
     """One trace per optimizer call (prompt, reply, tokens), rebuilt from the run dir after the
     stage, so tracing adds nothing to the calls' path."""
     import mlflow
 
     for mb in summary["minibatches"]:
-        call_dir = run_dir / "calls" / mb["tag"]
         if not mb["call_log"]:
             continue
-        system = _read(call_dir / "system.md")
-        user = _read(call_dir / "user.md")
+        system = run_dir.read_text(run_dir.call_dir(mb["tag"]) / "system.md")
+        user = run_dir.read_text(run_dir.user_path(mb["tag"], 1))
         for attempt, call in enumerate(mb["call_log"], 1):
             if "error" in call:
                 continue
@@ -212,14 +196,11 @@ def _log_traces(client, experiment_id: str, run_id: str, summary: dict, run_dir:
             )
             client.end_trace(
                 span.trace_id,
-                outputs={"reply": _read(call_dir / f"reply_{attempt}.txt"), "finish_reason": call["finish_reason"]},
+                outputs={"reply": run_dir.read_text(run_dir.reply_path(mb["tag"], attempt)),
+                         "finish_reason": call["finish_reason"]},
                 attributes={f"tokens_{k}": v for k, v in call["usage"].items()},
                 end_time_ns=start_ns + int(call["latency_s"] * 1e9),
             )
     flush = getattr(mlflow, "flush_trace_async_logging", None)
     if flush:
         flush()
-
-
-def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8") if path.is_file() else ""

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from reflact import config as reflact_config
 from tests.optimizer_server import OptimizerServer
@@ -72,7 +71,7 @@ def make_config(*overrides: str) -> reflact_config.ReflactConfig:
     reflact_config.register()
     with initialize_config_dir(config_dir=str(PROJECT / "conf"), version_base="1.3"):
         dict_cfg = compose(config_name="config", overrides=list(overrides))
-    return reflact_config.validate(OmegaConf.to_object(dict_cfg))
+    return reflact_config.from_hydra(dict_cfg)[0]
 
 
 @pytest.fixture

@@ -21,9 +21,11 @@ from reflact.client import is_transient, make_client, retry_after_s
 from reflact.dataset import load_dataset
 from reflact.experiment import run_experiment
 from reflact.modes import get_mode
+from reflact.optimizer import DryRunEstimator
 from reflact.patches import check_reply
 from reflact.ratelimit import Bucket, RateLimiter
-from reflact.stage import Stage, plan_minibatches
+from reflact.plan import plan_minibatches
+from reflact.stage import Stage
 from tests.conftest import make_config, write_dataset
 from tests.optimizer_server import Response, chat_body, default_reply
 
@@ -306,7 +308,7 @@ def test_structured_output_settings_shape_the_request(tmp_path, server):
 
 def test_always_failing_minibatch_is_recorded_and_redone_alone(tmp_path, server, dataset):
     cfg = config(tmp_path, server, dataset)
-    plan = plan_minibatches(load_dataset(cfg.data).results, cfg)
+    plan = plan_minibatches(load_dataset(cfg.data).results, cfg.reflect)
     doomed = plan[2]
     doomed_ids = {r.id for r in doomed.results}
 
@@ -689,7 +691,7 @@ def test_schema_fallback_request_counts_against_rpm(tmp_path, server, clock):
 
 def test_dry_run_calls_nothing_and_estimates_cost(tmp_path, server, dataset):
     cfg = config(tmp_path, server, dataset, *PRICED)
-    stage = Stage(cfg, load_dataset(cfg.data), None, tmp_path / "run")
+    stage = Stage(cfg, load_dataset(cfg.data), DryRunEstimator(1500), tmp_path / "run")
     outcomes = stage.run()
     assert server.count == 0
     assert len(outcomes) == N_MINIBATCHES
@@ -700,7 +702,7 @@ def test_dry_run_calls_nothing_and_estimates_cost(tmp_path, server, dataset):
         assert not (tmp_path / "run" / "patches" / f"{o.tag}.json").exists()
     # no price for the model: tokens still estimated, cost 0
     cfg = config(tmp_path, server, dataset)
-    [unpriced, *_] = Stage(cfg, load_dataset(cfg.data), None, tmp_path / "run2").run()
+    [unpriced, *_] = Stage(cfg, load_dataset(cfg.data), DryRunEstimator(1500), tmp_path / "run2").run()
     assert unpriced.status == "dry_run" and unpriced.usage.prompt > 0 and unpriced.cost_usd == 0
 
 

@@ -24,13 +24,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reflact.client import CallError, make_client
+from reflact.client import make_client
+from reflact.optimizer import CallError
 from reflact.dataset import load_dataset
 from reflact.errors import UserError
 from reflact.files import read_json
-from reflact.preview import preview_run
-from reflact.stage import Stage, plan_minibatches
-from reflact.summary import read_kept_items, write_summary
+from reflact.plan import plan_minibatches
+from reflact.stage import Stage
+from reflact.rundir import RunDir
+from reflact.summary import summarize
 from tests.conftest import make_config, run_cli, write_dataset
 from tests.optimizer_server import OptimizerServer, Response, chat_body, default_reply
 
@@ -446,7 +448,7 @@ def test_500_minibatches_with_64_workers_and_random_latency(tmp_path, server):
     outcomes = stage.run()
     elapsed = time.monotonic() - started
     MEASURED["500 minibatches, 64 workers: stage seconds"] = round(elapsed, 2)
-    plan = plan_minibatches(dataset.results, cfg)
+    plan = plan_minibatches(dataset.results, cfg.reflect)
     assert len(plan) == 500 and [o.tag for o in outcomes] == [mb.tag for mb in plan]
     assert server.count == 500
     assert sorted(request_ids(r) for r in server.requests) == sorted((r.id,) for r in dataset.results)
@@ -461,12 +463,12 @@ def test_500_minibatches_with_64_workers_and_random_latency(tmp_path, server):
         assert patch["n_proposed"] == budget + 2
     assert not list(run_dir.rglob("*.tmp"))
     assert {o.status for o in outcomes} == {"done"}
-    summary = write_summary(run_dir, cfg, dataset, outcomes, preview_run(run_dir, dataset.skill, stage.mode,
-                            [o.tag for o in outcomes]), stage.system.hashes(), elapsed)
+    summary = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.system.hashes(), started,
+                        time.monotonic)
     c = summary["counts"]
     assert c["calls"] == 500 and c["minibatches_done"] == 500 and c["failed_calls"] == 0
     assert c["edits_kept"] == 500 * budget and c["edits_proposed"] == 500 * (budget + 2)
-    assert len(list(read_kept_items(run_dir))) == 500 * budget
+    assert len(list(RunDir(run_dir).kept_items())) == 500 * budget
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,7 +537,7 @@ def test_oversized_extras_file_is_found_before_any_call(tmp_path, server):
                       "optimizer.cache=off", f"data.max_file_mb={TINY_MB}", "reflect.minibatch_size=1",
                       "reflect.workers=1")
     dataset = load_dataset(cfg.data)
-    last = plan_minibatches(dataset.results, cfg)[-1].results[0].id
+    last = plan_minibatches(dataset.results, cfg.reflect)[-1].results[0].id
     (data / "predictions" / last / "target_system_prompt.txt").write_text("y" * 4000, encoding="utf-8")
     with pytest.raises(UserError, match="max_file_mb"):
         dataset = load_dataset(cfg.data)

@@ -9,7 +9,8 @@ import pytest
 
 from reflact.client import make_client
 from reflact.dataset import load_dataset
-from reflact.stage import Stage, plan_minibatches
+from reflact.plan import plan_minibatches
+from reflact.stage import Stage
 from tests.conftest import make_config, write_dataset
 from tests.optimizer_server import Response, chat_body, default_reply
 
@@ -49,23 +50,23 @@ def test_every_result_in_exactly_one_minibatch_and_seeded(tmp_path):
     data = write_dataset(tmp_path / "d", n_fail=30, n_succ=21)
     cfg = make_config(f"data.dir={data}", "optimizer.base_url=http://127.0.0.1:9", "reflect.minibatch_size=4")
     results = load_dataset(cfg.data).results
-    plan = plan_minibatches(results, cfg)
+    plan = plan_minibatches(results, cfg.reflect)
     ids = [r.id for mb in plan for r in mb.results]
     assert sorted(ids) == sorted(r.id for r in results)
     assert all(r.hard == 0 for mb in plan if mb.group == "failure" for r in mb.results)
-    again = plan_minibatches(results, cfg)
+    again = plan_minibatches(results, cfg.reflect)
     assert [[r.id for r in mb.results] for mb in again] == [[r.id for r in mb.results] for mb in plan]
     other = make_config(f"data.dir={data}", "optimizer.base_url=http://127.0.0.1:9", "reflect.minibatch_size=4",
                         "reflect.seed=7")
-    assert [r.id for mb in plan_minibatches(results, other) for r in mb.results] != ids
+    assert [r.id for mb in plan_minibatches(results, other.reflect) for r in mb.results] != ids
 
 
 def test_smaller_minibatches_refine_larger_ones(tmp_path):
     data = write_dataset(tmp_path / "d", n_fail=37, n_succ=29)
     base = [f"data.dir={data}", "optimizer.base_url=http://127.0.0.1:9"]
     results = load_dataset(make_config(*base).data).results
-    plan8 = plan_minibatches(results, make_config(*base, "reflect.minibatch_size=8"))
-    plan4 = plan_minibatches(results, make_config(*base, "reflect.minibatch_size=4"))
+    plan8 = plan_minibatches(results, make_config(*base, "reflect.minibatch_size=8").reflect)
+    plan4 = plan_minibatches(results, make_config(*base, "reflect.minibatch_size=4").reflect)
     for mb in plan8:
         halves = [m for m in plan4 if m.group == mb.group and m.index in (2 * mb.index, 2 * mb.index + 1)]
         assert [r.id for m in halves for r in m.results] == [r.id for r in mb.results]
@@ -78,7 +79,7 @@ def test_order_on_disk_does_not_matter(tmp_path):
     plans = []
     for d in (a, b):
         cfg = make_config(f"data.dir={d}", "optimizer.base_url=http://127.0.0.1:9")
-        plans.append([[r.id for r in mb.results] for mb in plan_minibatches(load_dataset(cfg.data).results, cfg)])
+        plans.append([[r.id for r in mb.results] for mb in plan_minibatches(load_dataset(cfg.data).results, cfg.reflect)])
     assert plans[0] == plans[1]
 
 
@@ -91,9 +92,9 @@ def test_success_threshold_and_failure_only(tmp_path):
     (data / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     base = [f"data.dir={data}", "optimizer.base_url=http://127.0.0.1:9", "reflect.minibatch_size=100"]
     results = load_dataset(make_config(*base).data).results
-    assert [mb.group for mb in plan_minibatches(results, make_config(*base))] == ["failure", "success"]
-    assert [len(mb.results) for mb in plan_minibatches(results, make_config(*base, "reflect.success_threshold=0.6"))] == [8]
-    assert [mb.group for mb in plan_minibatches(results, make_config(*base, "reflect.failure_only=true"))] == ["failure"]
+    assert [mb.group for mb in plan_minibatches(results, make_config(*base).reflect)] == ["failure", "success"]
+    assert [len(mb.results) for mb in plan_minibatches(results, make_config(*base, "reflect.success_threshold=0.6").reflect)] == [8]
+    assert [mb.group for mb in plan_minibatches(results, make_config(*base, "reflect.failure_only=true").reflect)] == ["failure"]
 
 
 def test_resume_reuses_matching_patches_and_redoes_stale_ones(tmp_path, server):

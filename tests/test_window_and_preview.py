@@ -8,7 +8,7 @@ from reflact.client import make_client
 from reflact.dataset import load_dataset
 from reflact.experiment import run_experiment
 from reflact.stage import Stage
-from reflact.summary import read_kept_items
+from reflact.rundir import RunDir
 from tests.conftest import make_config, write_dataset
 from tests.optimizer_server import Response, chat_body
 
@@ -81,7 +81,7 @@ def test_preview_and_report_show_what_each_edit_would_do(tmp_path, server):
     assert "Never refund an order with an open dispute." in candidate
     diff = (run / "preview" / "minibatch_fail_000.diff").read_text()
     assert "+- Look up the order first." in diff and "-- Look up the order before acting on it." in diff
-    statuses = [row["apply"]["status"] for row in read_kept_items(run)]
+    statuses = [row["apply"]["status"] for row in RunDir(run).kept_items()]
     assert statuses == ["applied", "applied", "skipped", "skipped"]
     c = summary["counts"]
     assert (c["edits_applied"], c["edits_skipped"], c["apply_share"]) == (2, 2, 0.5)

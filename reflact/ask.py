@@ -1,0 +1,157 @@
+"""Asking the optimizer about one prompt until it gives a usable reply (SPEC 4).
+
+A reply that does not parse or validate is asked again with the error; one cut off by the
+output-token limit is asked again with twice the allowance, up to the ceiling; at most
+`reflect.max_reasks` extra requests in all. What the requests cost counts against
+`optimizer.max_cost_usd`, shared by all workers of the run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from reflact.config import Price
+from reflact.events import CallStarted, Replied
+from reflact.modes import Mode
+from reflact.optimizer import CallError, Optimizer, Reply
+from reflact.outcome import Tally
+from reflact.parse import ParseError, extract_object
+from reflact.patches import CheckedReply, ReplyError, check_reply
+
+
+@dataclass
+class Asked:
+    """What one conversation came to."""
+
+    status: str  # "ok", "failed", "not_run" (cost limit) or "dry_run" (an estimate, nothing called)
+    tally: Tally
+    checked: CheckedReply | None = None
+    parse: str = ""  # ok, or why the last reply was not usable
+    error: str = ""
+
+
+class Spend:
+    """Dollars spent by the run so far, against `optimizer.max_cost_usd`; shared by the workers."""
+
+    def __init__(self, limit: float | None) -> None:
+        self.limit = limit
+        self.spent = 0.0
+        self._lock = threading.Lock()
+
+    def allows_new_call(self) -> bool:
+        with self._lock:
+            return self.limit is None or self.spent < self.limit
+
+    def add(self, cost: float) -> None:
+        with self._lock:
+            self.spent += cost
+
+
+def reask_message(error: str) -> str:
+    return (
+        f"Your reply could not be used: {error}.\n"
+        "Reply again with only the one JSON object, in the format the system prompt describes."
+    )
+
+
+@dataclass(frozen=True)
+class Asker:
+    """The settings every conversation of a run shares."""
+
+    optimizer: Optimizer
+    mode: Mode
+    budget: int
+    max_reasks: int
+    allowance: int  # the first request's output-token allowance
+    ceiling: int  # the largest allowance a cut-off reply is asked again with
+    price: Price | None
+    spend: Spend
+    schemas: dict[str, dict]  # group -> the reply's JSON schema
+    notes_allowed: dict[str, bool]  # group -> may the reply carry appendix_notes
+    publish: Callable
+
+    def ask(self, tag: str, group: str, messages: list[dict], numbered_after: int,
+            keep: Callable[[int, Reply], None]) -> Asked:
+        """Requests until a reply is usable; `keep(number, reply)` records each reply as it comes.
+        Requests are numbered on from `numbered_after` (the earlier parts' requests)."""
+        tally, conversation, replies = Tally(), list(messages), []
+        allowance, parse = self.allowance, ""
+        started = time.monotonic()
+        try:
+            for attempt in range(self.max_reasks + 1):
+                number = numbered_after + len(tally.call_log) + 1
+                reply = self._request(tag, number, group, conversation, allowance, tally)
+                if isinstance(reply, Asked):
+                    self.optimizer.forget(replies)  # the conversation ended unusable: ask afresh next time
+                    reply.parse = parse
+                    return reply
+                if reply.estimated:
+                    return Asked("dry_run", tally)
+                replies.append(reply)
+                keep(number, reply)
+                tally.reasks += 1 if attempt else 0
+                if reply.finish_reason == "length":
+                    parse, allowance = self._cut_off(allowance)
+                    continue
+                try:
+                    checked = check_reply(extract_object(reply.text), self.mode, group, self.budget,
+                                          self.notes_allowed[group])
+                except (ParseError, ReplyError) as exc:
+                    parse = str(exc)
+                    conversation += [{"role": "assistant", "content": reply.text},
+                                     {"role": "user", "content": reask_message(parse)}]
+                    continue
+                return Asked("ok", tally, checked, "ok")
+            self.optimizer.forget(replies)
+            return Asked("failed", tally, parse=parse, error=f"no usable reply: {parse}")
+        finally:
+            tally.latency_s = round(time.monotonic() - started, 3)
+
+    def _cut_off(self, allowance: int) -> tuple[str, int]:
+        """(why the reply was not usable, the next request's allowance)."""
+        if allowance >= self.ceiling:
+            return f"cut off at the output-token ceiling ({allowance})", allowance
+        allowance = min(2 * allowance, self.ceiling)
+        return f"cut off by the output-token limit; asking again with {allowance}", allowance
+
+    def _request(self, tag: str, number: int, group: str, conversation: list[dict], allowance: int,
+                 tally: Tally) -> Reply | Asked:
+        """One request; an Asked when the conversation must end here (cost limit, failed call)."""
+        if not self.spend.allows_new_call():
+            return Asked("not_run", tally, error="cost limit reached")
+        self.publish(CallStarted(tag, number))
+        try:
+            reply = self.optimizer.complete(conversation, allowance, self.schemas[group])
+        except CallError as exc:
+            tally.retries += exc.retries
+            tally.failed_calls += 1
+            tally.call_log.append({"error": exc.cause, "retries": exc.retries})
+            self.publish(Replied(tag, number, list(conversation), None, error=exc.cause))
+            return Asked("failed", tally, error=exc.cause)
+        cost = self._count(reply, allowance, len(conversation), tally)
+        self.publish(Replied(tag, number, list(conversation), reply, cost_usd=cost))
+        return reply
+
+    def _count(self, reply: Reply, allowance: int, messages: int, tally: Tally) -> float:
+        """Adds the reply to the tally; returns what it cost now."""
+        tally.usage.add(reply.usage)
+        if reply.estimated:
+            return reply.usage.cost_usd(self.price)
+        cost = 0.0
+        if reply.from_cache:
+            tally.cache_hits += 1
+        else:
+            cost = reply.usage.cost_usd(self.price)
+            tally.calls += 1
+            tally.retries += reply.retries
+            tally.spent_usd += cost
+            self.spend.add(cost)
+        tally.call_log.append({
+            "started_at": reply.started_at, "latency_s": round(reply.latency_s, 3), "from_cache": reply.from_cache,
+            "finish_reason": reply.finish_reason, "max_output_tokens": allowance, "structured": reply.structured,
+            "retries": reply.retries, "usage": asdict(reply.usage), "messages": messages,
+        })
+        return cost

@@ -1,0 +1,179 @@
+"""The run dir: the one module that knows its layout. Everything else asks it for a path or a record.
+
+    patches/<minibatch>.json            the saved patch (what resume trusts; written last, fsynced)
+    calls/<minibatch>/system.md         the exact prompt: system message,
+    calls/<minibatch>/user.md, user_N.md  user message of each part when split to fit
+    calls/<minibatch>/reply_N.txt       every raw reply, numbered over the minibatch's requests
+    calls/<minibatch>/outcome.json      the minibatch's record (reflact.outcome.Outcome)
+    preview/<minibatch>.skill.md, .diff what the patch would do to the skill
+    summary.json, kept_items.jsonl      the run's counts and records; every kept item
+    report.md                           the run readable without MLflow
+    mlflow_run.json                     the MLflow run this dir is logged as
+    .hydra/                             the resolved config (written once the inputs passed their checks)
+
+Every write is atomic (a temporary file, then a rename), so a run killed at any moment leaves
+whole files, and the next run removes the temporaries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Iterator
+
+from reflact.config import ReflactConfig
+from reflact.files import atomic_writer, read_json, write_json, write_text
+from reflact.optimizer import Usage
+from reflact.outcome import Outcome
+
+SUMMARY = "summary.json"
+KEPT_ITEMS = "kept_items.jsonl"
+REPORT = "report.md"
+MLFLOW_RUN = "mlflow_run.json"
+HYDRA = ".hydra"
+
+
+class RunDir:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.patches = self.root / "patches"
+        self.calls = self.root / "calls"
+        self.preview = self.root / "preview"
+
+    def __truediv__(self, name: str) -> Path:
+        return self.root / name
+
+    # ------------------------------------------------------------------ paths
+
+    def patch_path(self, tag: str) -> Path:
+        return self.patches / f"{tag}.json"
+
+    def call_dir(self, tag: str) -> Path:
+        return self.calls / tag
+
+    def user_path(self, tag: str, part: int) -> Path:
+        return self.call_dir(tag) / ("user.md" if part == 1 else f"user_{part}.md")
+
+    def reply_path(self, tag: str, number: int) -> Path:
+        return self.call_dir(tag) / f"reply_{number}.txt"
+
+    def preview_paths(self, tag: str) -> tuple[Path, Path]:
+        """(candidate skill, diff)."""
+        return self.preview / f"{tag}.skill.md", self.preview / f"{tag}.diff"
+
+    # ------------------------------------------------------------------ the stage's writes
+
+    def clean(self) -> None:
+        """Removes the half-written files of a run that was killed."""
+        self.patches.mkdir(parents=True, exist_ok=True)
+        for leftover in [*self.patches.glob(".*.tmp"), *self.calls.glob("*/.*.tmp")]:
+            leftover.unlink()
+
+    def write_prompt(self, tag: str, parts: list[list[dict]]) -> None:
+        """The messages of each part; replies and parts of an earlier, stale attempt go."""
+        folder = self.call_dir(tag)
+        for old in [*folder.glob("reply_*.txt"), *folder.glob("user_*.md")]:
+            old.unlink()
+        write_text(folder / "system.md", parts[0][0]["content"])
+        for number, part in enumerate(parts, 1):
+            write_text(self.user_path(tag, number), part[1]["content"])
+
+    def write_reply(self, tag: str, number: int, text: str) -> None:
+        write_text(self.reply_path(tag, number), text)
+
+    def write_outcome(self, outcome: Outcome) -> None:
+        write_json(self.call_dir(outcome.tag) / "outcome.json", asdict(outcome), indent=None)
+
+    def save_patch(self, outcome: Outcome, patch: dict) -> None:
+        """The record first: a patch on disk (what resume trusts) always has its record."""
+        self.write_outcome(outcome)
+        write_json(self.patch_path(outcome.tag), patch, durable=True)
+
+    def resume(self, outcome: Outcome, fingerprint: str, payload_key: str) -> dict | None:
+        """The saved patch when it was made from the same prompt and settings (then `outcome`
+        becomes its reused record, keeping what the patch cost when it was made, so a resumed
+        run still compares on tokens and cost); None when the minibatch must be (re)done."""
+        saved = self.patch(outcome.tag)
+        if saved is None or saved.get("fingerprint") != fingerprint:
+            return None
+        outcome.status, outcome.parse = "reused", "ok"
+        outcome.proposed = int(saved.get("n_proposed", 0))
+        outcome.kept = len((saved.get("patch") or {}).get(payload_key) or [])
+        earlier = self.outcome_record(outcome.tag)
+        if earlier is not None:
+            outcome.usage = Usage(**earlier.get("usage", {}))
+            outcome.cost_usd = float(earlier.get("cost_usd", 0.0))
+            outcome.reasks = int(earlier.get("reasks", 0))
+            outcome.latency_s = float(earlier.get("latency_s", 0.0))
+        return saved
+
+    # ------------------------------------------------------------------ reading back
+
+    def patch(self, tag: str) -> dict | None:
+        """The saved patch, or None when there is none (or it is unreadable: then it is redone)."""
+        saved = read_json(self.patch_path(tag))
+        return saved if isinstance(saved, dict) else None
+
+    def outcome_record(self, tag: str) -> dict | None:
+        saved = read_json(self.call_dir(tag) / "outcome.json")
+        return saved if isinstance(saved, dict) else None
+
+    def read_text(self, path: Path) -> str:
+        return path.read_text(encoding="utf-8") if path.is_file() else ""
+
+    def summary(self) -> dict | None:
+        saved = read_json(self / SUMMARY)
+        return saved if isinstance(saved, dict) else None
+
+    def kept_items(self) -> Iterator[dict]:
+        """Every kept item, one at a time."""
+        path = self / KEPT_ITEMS
+        if not path.is_file():
+            return
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                yield json.loads(line)
+
+    # ------------------------------------------------------------------ the run's own files
+
+    def write_summary(self, summary: dict) -> None:
+        # compact: json's fast encoder only runs without indent, and the file is for programs
+        # (report.md is the one for people)
+        write_json(self / SUMMARY, summary, indent=None)
+
+    def kept_items_writer(self):
+        return atomic_writer(self / KEPT_ITEMS)
+
+    def report_writer(self):
+        return atomic_writer(self / REPORT)
+
+    def write_config(self, config_yaml: str, hydra_yaml: str, overrides_yaml: str) -> None:
+        folder = self / HYDRA
+        write_text(folder / "config.yaml", config_yaml)
+        write_text(folder / "hydra.yaml", hydra_yaml)
+        write_text(folder / "overrides.yaml", overrides_yaml)
+
+    def artifact_files(self) -> list[tuple[Path, str]]:
+        """(file, artifact folder) of the run's own files that exist, for tracking."""
+        names = [(SUMMARY, "run"), (KEPT_ITEMS, "run"), (REPORT, "run"),
+                 (f"{HYDRA}/config.yaml", "run/hydra"), (f"{HYDRA}/overrides.yaml", "run/hydra")]
+        return [(self / name, folder) for name, folder in names if (self / name).is_file()]
+
+
+def fingerprint(cfg: ReflactConfig, messages: list[dict]) -> str:
+    """What a saved patch must have been made from to be reused: everything that shapes the call,
+    i.e. the model, mode, L, decoding settings, and both messages (which hold the templates, the
+    skill, the contexts and the trajectories)."""
+    o = cfg.optimizer
+    shape = {
+        "model": o.model,
+        "mode": cfg.reflect.update_mode,
+        "budget": cfg.reflect.edit_budget,
+        "temperature": o.temperature,
+        "reasoning_effort": o.reasoning_effort,
+        "sample": o.sample,
+        "messages": messages,
+    }
+    return hashlib.sha256(json.dumps(shape, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
