@@ -101,50 +101,55 @@ class OptimizerClient:
         return "off", None
 
     def _call_with_retries(self, logical: dict, schema: dict | None, tokens: int) -> Reply:
-        import openai
-
         retrying = Retrying(
             retry=retry_if_exception(is_transient),
             stop=stop_after_attempt(self.cfg.retry.max_attempts) | stop_before_delay(self.cfg.retry.max_seconds),
             wait=wait_after(self.cfg.retry.initial_wait_s, self.cfg.retry.max_wait_s),
             reraise=True,
         )
-        attempts = 0
+        sent = [0]  # requests made, the retries' included
         try:
             for attempt in retrying:
                 with attempt:
-                    attempts += 1
-                    if self._limiter:  # every attempt is a request: retries are paced too
-                        self._limiter.acquire(tokens)
-                    structured, response_format = self._response_format(schema)
-                    # as extra_body: the SDK's typed transform of a nested schema costs ~1.5 ms a call
-                    request = {**logical, "extra_body": {"response_format": response_format}} if response_format else logical
-                    started, wall = time.monotonic(), time.time()
-                    try:
-                        response = self._sdk.chat.completions.create(**request)
-                    except openai.BadRequestError:
-                        if structured != "json_schema" or self.cfg.structured_output is not StructuredOutput.auto:
-                            raise
-                        if not self._schema_rejected.is_set():
-                            self._schema_rejected.set()
-                            log.warning("the server rejected a JSON schema (HTTP 400); asking without one from now on")
-                        attempts += 1  # the rejected request counts as a retry
-                        if self._limiter:
-                            self._limiter.acquire(tokens)
-                        structured, started, wall = "off", time.monotonic(), time.time()
-                        response = self._sdk.chat.completions.create(**logical)
+                    response, started, wall, structured = self._send(logical, schema, tokens, sent)
         except Exception as exc:  # noqa: BLE001 - every SDK failure becomes a recorded failed call
-            raise CallError(describe_error(exc, self._secret), retries=max(attempts - 1, 0)) from None
+            raise CallError(describe_error(exc, self._secret), retries=max(sent[0] - 1, 0)) from None
         choice = response.choices[0] if response.choices else None
         return Reply(
             text=(choice.message.content or "") if choice else "",
             finish_reason=choice.finish_reason if choice else None,
             usage=usage_of(response),
             latency_s=time.monotonic() - started,
-            retries=attempts - 1,
+            retries=sent[0] - 1,
             structured=structured,
             started_at=wall,
         )
+
+    def _send(self, logical: dict, schema: dict | None, tokens: int, sent: list[int]) -> tuple:
+        """One attempt: (response, monotonic and wall start, response format sent). With
+        structured_output=auto, a 400 to the JSON schema is asked again without it, here."""
+        import openai
+
+        structured, response_format = self._response_format(schema)
+        # as extra_body: the SDK's typed transform of a nested schema costs ~1.5 ms a call
+        request = {**logical, "extra_body": {"response_format": response_format}} if response_format else logical
+        try:
+            return *self._create(request, tokens, sent), structured
+        except openai.BadRequestError:
+            if structured != "json_schema" or self.cfg.structured_output is not StructuredOutput.auto:
+                raise
+        if not self._schema_rejected.is_set():
+            self._schema_rejected.set()
+            log.warning("the server rejected a JSON schema (HTTP 400); asking without one from now on")
+        return *self._create(logical, tokens, sent), "off"
+
+    def _create(self, request: dict, tokens: int, sent: list[int]) -> tuple:
+        """(response, monotonic and wall-clock start) of one request."""
+        sent[0] += 1
+        if self._limiter:  # every attempt is a request: retries are paced too
+            self._limiter.acquire(tokens)
+        started, wall = time.monotonic(), time.time()
+        return self._sdk.chat.completions.create(**request), started, wall
 
 
 def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: dict | None = None) -> OptimizerClient:

@@ -10,6 +10,7 @@ from typing import Callable
 from reflact.config import ReflactConfig
 from reflact.dataset import load_dataset
 from reflact.optimizer import make_optimizer
+from reflact.rundir import RunDir
 from reflact.stage import Stage
 from reflact.summary import summarize
 from reflact.tracking import log_run
@@ -55,7 +56,7 @@ def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: Path) -> 
         log.info(
             "dry run: %d prompts built, ~%d prompt and ~%d reply tokens, estimated $%.4f for %s; prompts in %s",
             c["minibatches_dry_run"], c["tokens_prompt"], c["tokens_completion"], c["cost_usd"],
-            cfg.optimizer.model, run_dir / "calls",
+            cfg.optimizer.model, RunDir(run_dir).calls,
         )
     else:
         log.info(

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from reflact.errors import UserError, exits_on_user_error
-from reflact.rundir import HYDRA, RunDir
+from reflact.rundir import HYDRA, SUMMARY, RunDir
 
 
 def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | None:
@@ -27,7 +27,7 @@ def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | No
     summary = rd.summary()
     saved = rd / HYDRA / "config.yaml"
     if summary is None or not saved.is_file():
-        raise UserError(f"{run_dir}: not a finished run dir (summary.json and .hydra/config.yaml are needed)")
+        raise UserError(f"{run_dir}: not a finished run dir ({SUMMARY} and {HYDRA}/config.yaml are needed)")
     config.register()
     cfg, params = config.from_hydra(OmegaConf.load(saved))
     if tracking_uri:

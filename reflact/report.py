@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import statistics
 import sys
 from pathlib import Path
 
@@ -19,46 +18,48 @@ from reflact.errors import UserError, exits_on_user_error
 from reflact.modes import mode_by_number
 
 METRICS = ("edits_kept", "edits_truncated", "parse_failures", "tokens", "cost_usd", "wall_time_s")
+PAGE = 1000  # runs per search request; every page is read
 
 
-def sweep_runs(client, sweep_id: str) -> list:
-    """The sweep's job runs (not its parent), active only, across all experiments."""
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(
-        experiments,
-        filter_string=f"tags.`reflact.sweep_id` = '{sweep_id}'",
-        max_results=10000,
-    )
-    return [r for r in runs if r.data.tags.get("reflact.sweep_parent") != "true"]
+def sweep_runs(client, sweep_id: str):
+    """The sweep's job runs (not its parent), active only, across all experiments: one row each,
+    its metrics as columns (a pandas DataFrame)."""
+    import pandas as pd
+
+    experiments = [e.experiment_id for e in client.search_experiments(max_results=PAGE)]
+    rows, token = [], None
+    while True:
+        page = client.search_runs(experiments, filter_string=f"tags.`reflact.sweep_id` = '{sweep_id}'",
+                                  max_results=PAGE, page_token=token)
+        rows += [{"run_id": r.info.run_id, **r.data.metrics} for r in page
+                 if r.data.tags.get("reflact.sweep_parent") != "true"]
+        token = page.token
+        if not token:
+            return pd.DataFrame(rows)
 
 
-def derived(metrics: dict) -> dict[str, float]:
-    return {
-        "edits_kept": metrics.get("edits_kept", 0.0),
-        "edits_truncated": metrics.get("edits_truncated", 0.0),
-        "parse_failures": metrics.get("reasks", 0.0) + metrics.get("minibatches_failed", 0.0),
-        "tokens": metrics.get("tokens_prompt", 0.0) + metrics.get("tokens_completion", 0.0),
-        "cost_usd": metrics.get("cost_usd", 0.0),
-        "wall_time_s": metrics.get("wall_time_s", 0.0),
-    }
+def derived(runs):
+    """The report's metrics from a DataFrame of run metrics (a missing one counts as 0)."""
+    m = runs.reindex(columns=["edits_kept", "edits_truncated", "reasks", "minibatches_failed", "tokens_prompt",
+                              "tokens_completion", "cost_usd", "wall_time_s"]).fillna(0.0)
+    return m.assign(parse_failures=m.reasks + m.minibatches_failed, tokens=m.tokens_prompt + m.tokens_completion)
 
 
-def grid_rows(runs: list) -> list[dict]:
+def grid_rows(runs) -> list[dict]:
     """One row per (mode, M, L): the number of seeds, and mean and spread of each metric."""
-    cells: dict[tuple, list[dict]] = {}
-    for run in runs:
-        m = run.data.metrics
-        if not {"M", "L", "mode"} <= m.keys():
-            continue
-        key = (mode_by_number(int(m["mode"])).name, int(m["M"]), int(m["L"]))
-        cells.setdefault(key, []).append(derived(m))
+    if runs.empty or not {"M", "L", "mode"} <= set(runs.columns):
+        return []
+    runs = runs.dropna(subset=["M", "L", "mode"])
+    cells = derived(runs)[list(METRICS)].assign(
+        mode=[mode_by_number(int(n)).name for n in runs["mode"]], M=runs["M"].astype(int), L=runs["L"].astype(int))
+    grouped = cells.groupby(["mode", "M", "L"], sort=True)
+    means, spreads, sizes = grouped.mean(), grouped.std().fillna(0.0), grouped.size()
     rows = []
-    for (mode, M, L), values in sorted(cells.items()):
-        row = {"mode": mode, "M": M, "L": L, "seeds": len(values)}
+    for (mode, M, L), size in sizes.items():
+        row = {"mode": mode, "M": int(M), "L": int(L), "seeds": int(size)}
         for metric in METRICS:
-            series = [v[metric] for v in values]
-            row[f"{metric}_mean"] = statistics.fmean(series)
-            row[f"{metric}_std"] = statistics.stdev(series) if len(series) > 1 else 0.0
+            row[f"{metric}_mean"] = float(means.at[(mode, M, L), metric])
+            row[f"{metric}_std"] = float(spreads.at[(mode, M, L), metric])
         rows.append(row)
     return rows
 

@@ -53,6 +53,9 @@ class RunDir:
     def call_dir(self, tag: str) -> Path:
         return self.calls / tag
 
+    def system_path(self, tag: str) -> Path:
+        return self.call_dir(tag) / "system.md"
+
     def user_path(self, tag: str, part: int) -> Path:
         return self.call_dir(tag) / ("user.md" if part == 1 else f"user_{part}.md")
 
@@ -76,7 +79,7 @@ class RunDir:
         folder = self.call_dir(tag)
         for old in [*folder.glob("reply_*.txt"), *folder.glob("user_*.md")]:
             old.unlink()
-        write_text(folder / "system.md", parts[0][0]["content"])
+        write_text(self.system_path(tag), parts[0][0]["content"])
         for number, part in enumerate(parts, 1):
             write_text(self.user_path(tag, number), part[1]["content"])
 

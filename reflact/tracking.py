@@ -182,7 +182,7 @@ def _log_traces(client, experiment_id: str, run_id: str, summary: dict, run_dir:
     for mb in summary["minibatches"]:
         if not mb["call_log"]:
             continue
-        system = run_dir.read_text(run_dir.call_dir(mb["tag"]) / "system.md")
+        system = run_dir.read_text(run_dir.system_path(mb["tag"]))
         user = run_dir.read_text(run_dir.user_path(mb["tag"], 1))
         for attempt, call in enumerate(mb["call_log"], 1):
             if "error" in call:
