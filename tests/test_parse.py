@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from reflact.parse import ParseError, extract_object
+from reflact.parse import MAX_DEPTH, ParseError, _closers, extract_object
 
 PATCH = {"patch": {"reasoning": "r", "edits": [{"op": "append", "content": "x"}]}}
 PATCH_JSON = json.dumps(PATCH)
@@ -128,6 +128,125 @@ def test_raw_newlines_inside_strings_of_a_bare_object():
     assert extract_object('{"a": "x\ny"}') == {"a": "x\ny"}
 
 
+
+# ---------------------------------------------------------------- fences and bare text together
+
+
+def _fence(obj, indent=2):
+    return f"```json\n{json.dumps(obj, indent=indent)}\n```"
+
+
+def test_fenced_object_beside_a_different_bare_object_is_an_error():
+    text = f'A first try: {{"a": 1}}\nThe answer:\n{_fence(PATCH)}'
+    with pytest.raises(ParseError, match="2 different"):
+        extract_object(text)
+
+
+def test_bare_object_after_a_different_fenced_object_is_an_error():
+    text = f'{_fence(PATCH)}\nOr, shorter: {{"patch": {{"reasoning": "r", "edits": []}}}}'
+    with pytest.raises(ParseError, match="2 different"):
+        extract_object(text)
+
+
+def test_same_object_fenced_and_bare_is_one_candidate():
+    text = f"Draft: {PATCH_JSON}\nFinal:\n{_fence(PATCH)}"
+    assert extract_object(text) == PATCH
+
+
+def test_fence_inside_a_bare_objects_string_is_part_of_it():
+    # a rewritten skill may show a fenced example; it is text in new_skill, not a second candidate
+    skill = "# Skill\nReply like this:\n```json\n{}\n```\nand nothing else."
+    obj = {"patch": {"reasoning": "r", "skill_candidates": [{"title": "t", "change_summary": [], "new_skill": skill}]}}
+    raw_newlines = json.dumps(obj).replace("\\n", "\n")  # as models often write long strings
+    assert extract_object(f"Here it is:\n{raw_newlines}\nDone.") == obj
+
+
+# ---------------------------------------------------------------- lists
+
+
+@pytest.mark.parametrize("wrap", [lambda body: body, lambda body: f"My answer:\n```json\n{body}\n```\n"],
+                         ids=["bare", "fenced"])
+def test_list_of_one_object_is_that_object(wrap):
+    assert extract_object(wrap(json.dumps([PATCH], indent=1))) == PATCH
+
+
+@pytest.mark.parametrize("wrap", [lambda body: body, lambda body: f"My answer:\n```json\n{body}\n```\n"],
+                         ids=["bare", "fenced"])
+@pytest.mark.parametrize("items", [[{"a": 1}, {"a": 2}], [{"a": 1}, {"a": 1}], [{"a": 1}, "note"]],
+                         ids=["different", "identical", "object-and-text"])
+def test_list_of_several_items_with_an_object_is_an_error(wrap, items):
+    with pytest.raises(ParseError, match="list of 2 items"):
+        extract_object(wrap(json.dumps(items)))
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "[]", '["a"]'])
+def test_list_without_an_object_is_not_an_object(text):
+    with pytest.raises(ParseError, match="a list, not an object"):
+        extract_object(text)
+
+
+# ---------------------------------------------------------------- hostile replies
+
+
+def _deep(levels: int) -> str:
+    return '{"a": ' * levels + "1" + "}" * levels
+
+
+@pytest.mark.parametrize("text", [
+    _deep(5000),
+    f"Answer: {_deep(5000)} end",
+    f"```json\n{_deep(5000)}\n```",
+    "[" * 50000 + "]" * 50000,
+], ids=["whole", "in-prose", "fenced", "deep-list"])
+def test_deep_nesting_is_a_parse_error(text):
+    with pytest.raises(ParseError):
+        extract_object(text)
+
+
+def test_nesting_limit_is_exact():
+    assert extract_object(_deep(MAX_DEPTH)) == json.loads(_deep(MAX_DEPTH))
+    assert extract_object(f"Answer: {_deep(MAX_DEPTH)}") == json.loads(_deep(MAX_DEPTH))
+    with pytest.raises(ParseError, match=f"nested more than {MAX_DEPTH} levels"):
+        extract_object(_deep(MAX_DEPTH + 1))
+    with pytest.raises(ParseError, match=f"nested more than {MAX_DEPTH} levels"):
+        extract_object(f"Answer: {_deep(MAX_DEPTH + 1)}")
+
+
+@pytest.mark.parametrize("text", ['{"a": ' + "7" * 5000 + "}", 'Answer: {"a": ' + "7" * 5000 + "}", "7" * 5000])
+def test_number_past_pythons_digit_limit_is_a_parse_error(text):
+    with pytest.raises(ParseError):
+        extract_object(text)
+
+
+def test_object_closed_by_a_bracket_is_malformed_not_cut_off():
+    with pytest.raises(ParseError, match="does not parse"):
+        extract_object('Answer: {"a": 1]')
+
+
+N = 20_000  # characters: the size at which the rescanning parser took half a minute
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{" * N, "no JSON object"),
+    ('{"a": ' * (N // 6), "cut off"),
+    ("[" * N, "no JSON object"),
+    ('{"' * (N // 2), "no JSON object"),
+    ('{"a" ' * (N // 5), "no JSON object"),
+    ('{["\\' * (N // 4), "no JSON object"),
+    ("```json\n{" * (N // 9), "no JSON object"),
+], ids=["braces", "object-starts", "brackets", "brace-quote", "keys-without-colon", "mixed", "fences"])
+def test_brace_heavy_reply_gets_its_error(text, message):
+    with pytest.raises(ParseError, match=message):
+        extract_object(text)
+
+
+@pytest.mark.parametrize("before", [
+    "{" * N, "[" * N, '"' * (N + 1), "}" * N, "{ " * N, 'Use { and " here: ' * (N // 18), "\\" * N,
+], ids=["braces", "brackets", "odd-quotes", "closers", "spaced-braces", "brace-and-quote", "backslashes"])
+def test_object_after_brace_heavy_prose_is_found(before):
+    assert extract_object(f"{before}\n{PATCH_JSON}\n") == PATCH
+
+
 # ---------------------------------------------------------------- properties
 
 HYP = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -135,9 +254,12 @@ HYP = settings(max_examples=200, deadline=None, suppress_health_check=[HealthChe
 # fragments that steer random text towards the parser's interesting paths
 _FRAGMENTS = st.sampled_from(
     ["{", "}", "[", "]", '"', ":", ",", "\\", "\n", " ", "a", "1", "True", "None", "é", "ß", "```json\n", "```",
-     '{"a": ', '"k": "v"', "}}", "{{"]
+     '{"a": ', '"k": "v"', "}}", "{{", "[{", "}]", '\\"', "1" * 4400, PATCH_JSON]
 )
 ANY_TEXT = st.one_of(st.text(max_size=200), st.lists(_FRAGMENTS, max_size=40).map("".join))
+# a few fragments repeated many times: the shapes that once made the parser quadratic
+REPEATED = st.lists(st.tuples(_FRAGMENTS, st.integers(1, 2000)), min_size=1, max_size=4).map(
+    lambda parts: "".join(fragment * times for fragment, times in parts))
 
 JSON_SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-10**6, 10**6),
@@ -164,8 +286,49 @@ def _dict_or_parse_error(text):
 @HYP
 @given(ANY_TEXT)
 @example('{"a": é}')
+@example('{"a": ' + "1" * 5000 + "}")
 def test_property_only_a_dict_or_parse_error(text):
     _dict_or_parse_error(text)
+
+
+@settings(HYP, max_examples=60)
+@given(REPEATED)
+def test_property_long_repetitive_text_gives_a_dict_or_parse_error(text):
+    _dict_or_parse_error(text)
+
+
+def _rescanned_closer(text, start):
+    """The definition the one-pass scanner must meet: from the opener at `start`, reading quotes
+    from there on, the index where the bracket depth first returns to 0 (-1 if never)."""
+    depth, inside, escaped = 0, False, False
+    for pos in range(start, len(text)):
+        ch = text[pos]
+        if inside:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                inside = False
+            continue
+        if ch == '"':
+            inside = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return pos
+    return -1
+
+
+@settings(HYP, max_examples=500)
+@given(st.lists(st.sampled_from(["{", "}", "[", "]", '"', "\\", "a", " "]), max_size=40).map("".join))
+def test_property_one_pass_scanner_meets_the_rescanning_definition(text):
+    positions, chars, closer = _closers(text)
+    for k, ch in enumerate(chars):
+        if ch in "{[":
+            assert (positions[closer[k]] if closer[k] >= 0 else -1) == _rescanned_closer(text, positions[k])
 
 
 @HYP
@@ -184,3 +347,32 @@ def test_property_two_different_objects_never_pick_one(p1, first, p2, second, p3
     text = p1 + json.dumps(first) + p2 + json.dumps(second) + p3
     with pytest.raises(ParseError):
         extract_object(text)
+
+
+# prose that never closes a bracket and has no quote: whatever it opens, the object after it stands
+OPEN_PROSE = st.text(st.sampled_from("{[\\ a:,\n"), max_size=300)
+CALM_PROSE = st.text(st.characters(blacklist_characters="{}[]`", blacklist_categories=("Cs",)), max_size=80)
+
+
+@HYP
+@given(OPEN_PROSE, JSON_OBJECTS.filter(bool), CALM_PROSE)
+def test_property_object_after_unclosed_prose_brackets_is_found(before, obj, after):
+    assert extract_object(before + json.dumps(obj) + after) == obj
+
+
+@HYP
+@given(PROSE, JSON_OBJECTS, PROSE, JSON_OBJECTS, PROSE, st.booleans())
+def test_property_fenced_and_different_bare_object_never_pick_one(p1, fenced, p2, bare, p3, fence_first):
+    if json.dumps(fenced, sort_keys=True) == json.dumps(bare, sort_keys=True):
+        return
+    parts = [f"```json\n{json.dumps(fenced, indent=2)}\n```", json.dumps(bare)]
+    first, second = parts if fence_first else parts[::-1]
+    with pytest.raises(ParseError):
+        extract_object(p1 + first + p2 + second + p3)
+
+
+@HYP
+@given(PROSE, JSON_OBJECTS.filter(bool), PROSE, PROSE)
+def test_property_same_object_fenced_and_bare_is_taken(p1, obj, p2, p3):
+    text = p1 + json.dumps(obj) + p2 + f"\n```json\n{json.dumps(obj, indent=2)}\n```\n" + p3
+    assert extract_object(text) == obj
