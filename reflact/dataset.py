@@ -2,34 +2,77 @@
 
 Results are kept in memory (they are small); conversations are only checked here and read
 again when their minibatch is rendered, so memory does not grow with the dataset.
+
+Everything read here may be hostile: files found by the layout must not link outside their
+folder (a link to /proc/self/environ would send the key to the optimizer), only regular files
+are read (a FIFO would hang the run), and JSON that Python cannot hold safely (nesting deep
+enough to exhaust the stack, integers too long to convert) is bad input like any other.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from reflact.config import DataConfig, OnBadConversation, dataset_paths
 from reflact.errors import UserError
 
 EXTRA_FILES = ("target_system_prompt", "target_user_prompt", "spreadsheet_preview")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MAX_JSON_DEPTH = 200  # far beyond real logs, far below what the JSON codec's recursion survives
+NAME_MAX = 255  # bytes in one file name on common file systems
+# control characters (C0, DEL, C1), line and paragraph separators, lone surrogates: everything
+# str.splitlines() breaks on is among them
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+@dataclass(frozen=True)
+class Folder:
+    """A folder input files must not link out of: as the user named it, and its real path."""
+
+    given: Path
+    real: Path
+
+    @classmethod
+    def of(cls, path: Path) -> "Folder":
+        return cls(path, Path(os.path.realpath(path)))
+
+    def real_path(self, path: Path) -> str:
+        """os.path.realpath(path), without looking up every component above this folder when
+        nothing between it and `path` is a link (the usual case: a run folder and its files)."""
+        given, name = str(self.given).rstrip(os.sep) + os.sep, str(path)
+        parts = name[len(given):].split(os.sep) if name.startswith(given) else [".."]
+        if ".." in parts or any(os.path.islink(given + os.sep.join(parts[: i + 1])) for i in range(len(parts))):
+            return os.path.realpath(path)
+        return os.path.join(self.real, *parts)
+
+    def holds(self, real: str) -> bool:
+        top = str(self.real).rstrip(os.sep)
+        return real == top or real.startswith(top + os.sep)
 
 
 class RowFile:
     """A JSONL results file that rows are read back from, by byte offset, when their
     minibatch is rendered: memory then does not grow with the size of the rows."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, real: Path | None = None) -> None:
+        self.path = path  # as the user named it, for messages
+        self.real = real or path  # the checked file itself
 
     def read(self, offset: int, length: int) -> dict:
-        with open(self.path, "rb") as handle:
+        with open_regular(self.real, self.path) as handle:
             handle.seek(offset)
-            return json.loads(handle.read(length))
+            raw = handle.read(length)
+        try:
+            return decode_json(raw.decode("utf-8"))
+        except (UnicodeDecodeError, BadJSON):
+            raise UserError(f"{self.path}: changed since it was checked; run again") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +97,7 @@ class Dataset:
     predictions: Path
     max_bytes: int
     skipped: dict[str, str] = field(default_factory=dict)  # id -> why it is not shown
+    root: Folder | None = None  # the predictions folder no conversation or extras file may leave
 
     def conversation_path(self, run_id: str) -> Path:
         return self.predictions / run_id / "conversation.json"
@@ -70,12 +114,16 @@ def load_dataset(data: DataConfig) -> Dataset:
     if data.dir and not Path(data.dir).is_dir():
         raise UserError(f"data.dir: no such folder: {data.dir}")
     skill_path, results_path, predictions = dataset_paths(data)
-    max_bytes = int(data.max_file_mb * 1024 * 1024)
-    skill = read_text(skill_path, "data.skill", max_bytes)
-    results = load_results(results_path, max_bytes)
-    dataset = Dataset(skill=skill, results=results, predictions=predictions, max_bytes=max_bytes)
+    # files found inside data.dir stay in it; paths given one by one are the user's choice
+    base = Folder.of(Path(data.dir)) if data.dir else None
+    max_bytes = _max_bytes(data.max_file_mb)
+    skill = read_text(skill_path, "data.skill", max_bytes, root=None if data.skill else base)
+    root = _predictions_root(data, predictions)
+    name_max = _name_max(root.real)
+    results = load_results(results_path, max_bytes, root=None if data.results else base, name_max=name_max)
+    dataset = Dataset(skill=skill, results=results, predictions=predictions, max_bytes=max_bytes, root=root)
     for result in results:
-        problem = check_conversation(dataset.conversation_path(result.id), max_bytes)
+        problem = check_conversation(dataset.conversation_path(result.id), max_bytes, root)
         if problem is None:
             continue
         kind, message = problem
@@ -85,29 +133,204 @@ def load_dataset(data: DataConfig) -> Dataset:
     return dataset
 
 
-def read_text(path: Path, key: str, max_bytes: int | None = None) -> str:
-    if not path.is_file():
-        raise UserError(f"{key}: no such file: {path}")
+def _max_bytes(max_file_mb: object) -> int:
+    size = max_file_mb * 1024 * 1024 if isinstance(max_file_mb, (int, float)) else math.nan
+    if isinstance(max_file_mb, bool) or not math.isfinite(size) or size <= 0:
+        raise UserError(f"data.max_file_mb: must be a positive number, got {max_file_mb!r}")
+    return int(size)
+
+
+def _predictions_root(data: DataConfig, predictions: Path) -> Folder:
+    """The predictions folder; the one found by the layout must lie inside the dataset folder."""
+    folder = Folder.of(predictions)
+    if not data.predictions:
+        base = Folder.of(Path(data.dir) if data.dir else predictions.parent)
+        if not base.holds(str(folder.real)):
+            raise UserError(
+                f"{predictions}: links outside the dataset folder {base.real} (to {folder.real}); "
+                "set data.predictions to read it from there"
+            )
+    return folder
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name (bytes) the predictions folder's file system takes, at most NAME_MAX."""
     try:
-        return read_limited(path, max_bytes).decode("utf-8")
+        limit = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # no such folder yet, or no pathconf here
+        return NAME_MAX
+    return min(NAME_MAX, limit) if limit > 0 else NAME_MAX  # -1: no limit
+
+
+# ---------------------------------------------------------------- reading files safely
+
+
+def locate(path: Path, root: Folder | None = None, key: str | None = None) -> Path | None:
+    """The real path of the regular file at `path`; None when nothing is there (a dangling link
+    that stays inside counts as nothing). A UserError when it links outside `root`, is not a
+    regular file, or cannot be looked up (a name too long, a link loop)."""
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    real = os.path.realpath(path) if root is None else root.real_path(path)
+    if root is not None and not root.holds(real):
+        hint = f"; set {key} to read it from there" if key else ""
+        raise UserError(f"{path}: links outside the dataset folder {root.real} (to {real}){hint}")
+    try:
+        mode = os.stat(real).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{path}: not a regular file")
+    return Path(real)
+
+
+def open_regular(real: Path, shown: Path) -> BinaryIO:
+    """`real` (a path without links) opened for reading, refusing a link or non-regular file
+    swapped in since it was checked; `shown` names it in messages."""
+    try:
+        fd = os.open(real, _OPEN_FLAGS)
+    except OSError as exc:
+        raise UserError(f"{shown}: cannot read ({exc.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"{shown}: not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def read_text(path: Path, key: str, max_bytes: int | None = None, root: Folder | None = None) -> str:
+    real = locate(path, root, key)
+    if real is None:
+        raise UserError(f"{key}: no such file: {path}")
+    return _utf8(read_located(real, path, max_bytes), path)
+
+
+def _utf8(raw: bytes, path: Path) -> str:
+    try:
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
-def read_limited(path: Path, max_bytes: int | None, size_only: bool = False) -> bytes:
-    size = path.stat().st_size
-    if max_bytes is not None and size > max_bytes:
-        raise UserError(f"{path}: {size:,} bytes, over the {max_bytes:,} that data.max_file_mb allows")
-    return b"" if size_only else path.read_bytes()
+def read_limited(
+    path: Path, max_bytes: int | None, size_only: bool = False, root: Folder | None = None, key: str | None = None
+) -> bytes:
+    """The bytes of the regular file at `path` (b"" with `size_only`, after the size check)."""
+    real = locate(path, root, key)
+    if real is None:
+        raise UserError(f"{path}: no such file")
+    return read_located(real, path, max_bytes, size_only)
 
 
-def load_results(path: Path, max_bytes: int) -> list[Result]:
-    if not path.is_file():
+def read_located(real: Path, shown: Path, max_bytes: int | None, size_only: bool = False) -> bytes:
+    """read_limited for a path `locate` returned."""
+    with open_regular(real, shown) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if max_bytes is not None and size > max_bytes:
+            raise UserError(f"{shown}: {size:,} bytes, over the {max_bytes:,} that data.max_file_mb allows")
+        if size_only:
+            return b""
+        data = handle.read() if max_bytes is None else handle.read(max_bytes + 1)
+    if max_bytes is not None and len(data) > max_bytes:  # the size on disk understated it (grew, or /proc)
+        raise UserError(f"{shown}: over the {max_bytes:,} bytes that data.max_file_mb allows")
+    return data
+
+
+# ---------------------------------------------------------------- JSON
+
+
+class BadJSON(ValueError):
+    """Text that is not JSON, or JSON too deep or with integers too long to hold safely."""
+
+    def __init__(self, why: str, line: int | None = None) -> None:
+        super().__init__(why)
+        self.why, self.line = why, line
+
+
+def decode_json(text: str) -> object:
+    """json.loads, raising BadJSON for everything hostile (never RecursionError or a bare ValueError)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadJSON(f"not JSON ({exc.msg} at column {exc.colno})", exc.lineno) from None
+    except RecursionError:
+        raise _too_deep(text) from None
+    except ValueError as exc:  # an integer literal over sys.get_int_max_str_digits() digits
+        raise BadJSON(f"not usable JSON ({str(exc).split(':')[0]})") from None
+    # fewer opening brackets than the limit (strings' ones included) cannot nest past it
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _deeper_than(value, MAX_JSON_DEPTH):
+        raise _too_deep(text)
+    return value
+
+
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def _too_deep(text: str) -> BadJSON:
+    """The error, with the line where the nesting first goes too deep (strings skipped, brackets
+    counted: only done once the text is known to be bad, so its cost does not matter)."""
+    depth = 0
+    for token in _JSON_TOKEN.finditer(text):
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(token.group(), 0)
+        if depth > MAX_JSON_DEPTH:
+            return BadJSON(f"not usable JSON (nested deeper than {MAX_JSON_DEPTH} levels)",
+                           text.count("\n", 0, token.start()) + 1)
+    return BadJSON(f"not usable JSON (nested deeper than {MAX_JSON_DEPTH} levels)")
+
+
+def _deeper_than(value: object, limit: int) -> bool:
+    """Walked with a stack of its own: a recursive walk is what deep nesting would break."""
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def loads(text: str, path: Path, line: int | None = None) -> object:
+    """JSON from a file (or from line `line` of it); a UserError naming the file and line if not."""
+    try:
+        return decode_json(text)
+    except BadJSON as exc:
+        at = line or exc.line
+        raise UserError(f"{path}:{at}: {exc.why}" if at else f"{path}: {exc.why}") from None
+
+
+def finite_number(obj: dict, key: str, where: str) -> float:
+    """A run's score: a finite number (not a bool), or a UserError naming the key and place."""
+    value = obj.get(key)
+    number = math.nan
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer literal beyond any float
+            raise UserError(f"{where}: '{key}' must be a number (the run's score), got an integer too large "
+                            "for a float") from None
+    if not math.isfinite(number):
+        got = "missing" if key not in obj else repr(value)
+        raise UserError(f"{where}: '{key}' must be a number (the run's score), got {got}")
+    return number
+
+
+# ---------------------------------------------------------------- results
+
+
+def load_results(path: Path, max_bytes: int, root: Folder | None = None, name_max: int = NAME_MAX) -> list[Result]:
+    real = locate(path, root, "data.results")
+    if real is None:
         raise UserError(f"data.results: no such file: {path}")
-    read_limited(path, max_bytes, size_only=True)
-    with open(path, "rb") as handle:
+    read_located(real, path, max_bytes, size_only=True)
+    with open_regular(real, path) as handle:
         is_array = handle.read(4096).lstrip().startswith(b"[")
-    rows = _json_array_rows(path) if is_array else _jsonl_rows(path)
+    rows = _json_array_rows(path, real, max_bytes, name_max) if is_array else _jsonl_rows(path, real, name_max)
     seen: dict[str, str] = {}
     results = []
     for where, label, result in rows:
@@ -120,29 +343,12 @@ def load_results(path: Path, max_bytes: int) -> list[Result]:
     return sorted(results, key=lambda r: r.id)
 
 
-def loads(text: str, path: Path, line: int | None = None) -> object:
-    """JSON from a file (or from line `line` of it); a UserError naming the file and line if not."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}:{line or exc.lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
-
-
-def finite_number(obj: dict, key: str, where: str) -> float:
-    """A run's score: a finite number (not a bool), or a UserError naming the key and place."""
-    value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        got = "missing" if key not in obj else repr(value)
-        raise UserError(f"{where}: '{key}' must be a number (the run's score), got {got}")
-    return float(value)
-
-
-def _jsonl_rows(path: Path):
+def _jsonl_rows(path: Path, real: Path, name_max: int):
     """(where, label, Result) per non-blank line, read one line at a time; binary lines end at
     \n only (JSON strings may hold U+2028 and the like, which str.splitlines would break on)."""
-    source = RowFile(path)
+    source = RowFile(path, real)
     offset = 0
-    with open(path, "rb") as handle:
+    with open_regular(real, path) as handle:
         for number, raw in enumerate(handle, 1):
             start, offset = offset, offset + len(raw)
             try:
@@ -152,33 +358,37 @@ def _jsonl_rows(path: Path):
             if not line.strip():
                 continue
             where = f"{path}:{number}"
-            row = _result(loads(line, path, number), where)
+            row = _result(loads(line, path, number), where, name_max)
             yield where, f"line {number}", Result(row.id, row.hard, source=source, offset=start, length=len(raw))
 
 
-def _json_array_rows(path: Path):
-    items = loads(read_text(path, "data.results"), path)
+def _json_array_rows(path: Path, real: Path, max_bytes: int, name_max: int):
+    items = loads(_utf8(read_located(real, path, max_bytes), path), path)
     if not isinstance(items, list):
         raise UserError(f"{path}: expected a JSON array of results")
     # an array has no useful line numbers: name the item instead
     for number, item in enumerate(items, 1):
         where = f"{path}: item {number}"
-        yield where, f"item {number}", _result(item, where)
+        yield where, f"item {number}", _result(item, where, name_max)
 
 
-def _result(obj: object, where: str) -> Result:
+def _result(obj: object, where: str, name_max: int = NAME_MAX) -> Result:
     if not isinstance(obj, dict):
         raise UserError(f"{where}: a result must be a JSON object, got {type(obj).__name__}")
     if "id" not in obj:
         raise UserError(f"{where}: result has no 'id'")
-    return Result(id=check_id(obj["id"], where), hard=finite_number(obj, "hard", where), held=obj)
+    return Result(id=check_id(obj["id"], where, name_max), hard=finite_number(obj, "hard", where), held=obj)
 
 
-def check_id(value: object, where: str) -> str:
-    """An id names a folder under predictions/: it must be one safe path component."""
+def check_id(value: object, where: str, name_max: int = NAME_MAX) -> str:
+    """An id names a folder under predictions/ and a heading of the prompt: it must be one safe
+    path component, short enough for a file name, on one line."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise UserError(f"{where}: 'id' must be a string, got {type(value).__name__}")
-    run_id = str(value)
+    try:
+        run_id = str(value)
+    except ValueError:  # an integer past sys.get_int_max_str_digits()
+        raise UserError(f"{where}: id is too long (at most {name_max} bytes as a folder name)") from None
     if (
         not run_id.strip()
         or run_id in (".", "..")
@@ -186,21 +396,30 @@ def check_id(value: object, where: str) -> str:
         or "\\" in run_id
         or _CONTROL.search(run_id)
     ):
-        raise UserError(f"{where}: unsafe id {run_id!r} (it must be a single folder name)")
+        raise UserError(f"{where}: unsafe id {run_id!r} (it must be a single folder name on one line)")
+    size = len(run_id.encode("utf-8"))
+    if size > name_max:
+        raise UserError(f"{where}: id {run_id[:40]!r}... is {size} bytes long, over the {name_max} a folder "
+                        "name may have")
     return run_id
 
 
-def check_conversation(path: Path, max_bytes: int) -> tuple[str, str] | None:
-    """None when usable; ("skip", why) when missing or empty; ("bad", why) when corrupt or too large
-    (the conversation, or an extras file beside it)."""
-    if not path.is_file():
-        return "skip", "missing conversation"
-    for key in EXTRA_FILES:
-        extra = path.parent / f"{key}.txt"
-        if extra.is_file() and extra.stat().st_size > max_bytes:
-            return "bad", f"{extra}: {extra.stat().st_size:,} bytes, over the {max_bytes:,} that data.max_file_mb allows"
+# ---------------------------------------------------------------- conversations
+
+
+def check_conversation(path: Path, max_bytes: int, root: Folder | None = None) -> tuple[str, str] | None:
+    """None when usable; ("skip", why) when missing or empty; ("bad", why) when corrupt, too large,
+    linking outside `root` or not a regular file (the conversation, or an extras file beside it)."""
     try:
-        conversation = parse_conversation(path, max_bytes)
+        real = locate(path, root)
+        if real is None:
+            return "skip", "missing conversation"
+        for key in EXTRA_FILES:
+            extra = path.parent / f"{key}.txt"
+            extra_real = locate(extra, root)
+            if extra_real is not None:
+                read_located(extra_real, extra, max_bytes, size_only=True)
+        conversation = _conversation(read_located(real, path, max_bytes), path)
     except (ValueError, UserError) as exc:
         return "bad", str(exc)
     if not conversation:
@@ -208,8 +427,13 @@ def check_conversation(path: Path, max_bytes: int) -> tuple[str, str] | None:
     return None
 
 
-def parse_conversation(path: Path, max_bytes: int | None = None) -> list:
-    raw = read_limited(path, max_bytes)
+def parse_conversation(path: Path, max_bytes: int | None = None, root: Folder | None = None) -> list:
+    """The conversation's items; ValueError naming the file when it is corrupt (UserError when it
+    cannot be read at all: missing, too large, linking out, not a regular file)."""
+    return _conversation(read_limited(path, max_bytes, root=root), path)
+
+
+def _conversation(raw: bytes, path: Path) -> list:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -217,22 +441,28 @@ def parse_conversation(path: Path, max_bytes: int | None = None) -> list:
     if not text.strip():
         return []
     try:
-        conversation = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}:{exc.lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
+        conversation = decode_json(text)
+    except BadJSON as exc:
+        raise ValueError(f"{path}:{exc.line}: {exc.why}" if exc.line else f"{path}: {exc.why}") from None
     if not isinstance(conversation, list):
         raise ValueError(f"{path}: a conversation must be a JSON list, got {type(conversation).__name__}")
     return conversation
 
 
 def load_trajectory(dataset: Dataset, result: Result) -> Trajectory:
-    conversation = parse_conversation(dataset.conversation_path(result.id), dataset.max_bytes)
+    """A checked run, read again for its prompt block (files are re-checked the same way)."""
+    folder = dataset.predictions / result.id
+    try:
+        conversation = parse_conversation(folder / "conversation.json", dataset.max_bytes, dataset.root)
+    except ValueError as exc:  # it was checked before the first call: it changed since
+        raise UserError(str(exc)) from None
     fields = result.fields
     extras = {"reference_text": fields.get("reference_text")}
     for key in EXTRA_FILES:
         value = fields.get(key)
         if not value:
-            extra = dataset.predictions / result.id / f"{key}.txt"
-            value = read_limited(extra, dataset.max_bytes).decode("utf-8", "replace") if extra.is_file() else ""
+            extra = folder / f"{key}.txt"
+            real = locate(extra, dataset.root)
+            value = read_located(real, extra, dataset.max_bytes).decode("utf-8", "replace") if real else ""
         extras[key] = value
     return Trajectory(fields=fields, conversation=conversation, extras=extras)

@@ -2,8 +2,10 @@
 
 Everything that comes from a run is untrusted: multi-line text goes inside a backtick fence
 longer than any backtick run in it, so no line of it can close the fence and pass itself off
-as a heading or divider of the prompt; single-line values sit after a label, never at the
-start of a line.
+as a heading or divider of the prompt, however its lines are split (CR, U+2028, form feed...);
+single-line values sit after a label, never at the start of a line, with every character
+that could end a line (or that a reader might take for one) shown as a visible escape.
+Lone surrogates (valid in JSON, not in UTF-8) are shown as escapes too: the prompt must encode.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ OPTIONAL_SECTIONS = (
 )
 
 _BACKTICK_RUNS = re.compile(r"`+")
+# C0 controls but tab, DEL, C1 controls (U+0085 among them), line and paragraph separators and
+# lone surrogates: all that str.splitlines() breaks on, and all a one-line field must not carry
+_NOT_INLINE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 def text_of(value: object) -> str:
@@ -29,7 +35,11 @@ def text_of(value: object) -> str:
         return ""
     if isinstance(value, str):
         return value
-    return json.dumps(value, ensure_ascii=False)
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (ValueError, RecursionError) as exc:
+        # only values built in code get here: the loader refuses such nesting and integers
+        return f"[value not shown: {type(exc).__name__}]"
 
 
 def render_item(item: object) -> list[str]:
@@ -68,15 +78,25 @@ def shorten(text: str, limit: int) -> str:
     return f"{head} … [{len(text) - 2 * (keep // 2)} characters cut] … {tail}"
 
 
+def _visible(match: re.Match) -> str:
+    """A character as an escape the reader can see: \\x0b, \\u2028."""
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def fence(text: str) -> str:
+    """Backtick runs are counted over the whole text, across any kind of line break, so no
+    line of it can close the fence whatever a reader takes for a line break."""
+    text = _SURROGATES.sub(_visible, text)
     longest = max((len(run) for run in _BACKTICK_RUNS.findall(text)), default=0)
     ticks = "`" * max(3, longest + 1)
     return f"{ticks}text\n{text}\n{ticks}"
 
 
 def inline(value: object) -> str:
-    """A one-line field: newlines shown as the two characters \\n so it stays on its line."""
-    return text_of(value).replace("\r", "").replace("\n", "\\n")
+    """A one-line field: newlines shown as the two characters \\n, other line breaks and control
+    characters as escapes (\\x0b, \\u2028), so it stays on its line; tabs stay as they are."""
+    return _NOT_INLINE.sub(_visible, text_of(value).replace("\r", "").replace("\n", "\\n"))
 
 
 def render_block(
@@ -94,7 +114,8 @@ def render_block(
     task = result.get("task_description") or result.get("instruction") or ""
     task_type = result.get("task_type") or result.get("instruction_type") or ""
     lines = [
-        f"### Trajectory {position} of {total} (id: {run_id})",
+        # ids are checked on loading (check_id); inline() guards callers that did not
+        f"### Trajectory {position} of {total} (id: {inline(run_id)})",
         f"- Task: {inline(task)}",
         f"- Task type: {inline(task_type)}",
     ]

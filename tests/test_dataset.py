@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -27,9 +29,10 @@ def write_results(root: Path, lines: list[str]) -> Path:
     for line in lines:
         try:
             run_id = json.loads(line).get("id")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):  # hostile lines get no folder
             continue
-        if isinstance(run_id, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", run_id) and run_id not in (".", ".."):
+        if (isinstance(run_id, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,255}", run_id)
+                and run_id not in (".", "..")):
             folder = root / "predictions" / run_id
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "conversation.json").write_text(json.dumps(CONV), encoding="utf-8")
@@ -182,7 +185,8 @@ def test_result_without_hard_names_file_and_line(tmp_path):
     assert f"{data / 'results.jsonl'}:2" in message and "hard" in message and "missing" in message
 
 
-@pytest.mark.parametrize("hard", ['"1"', '"0"', "null", "true", "false", "NaN", "Infinity", "[1]", "{}"])
+@pytest.mark.parametrize("hard", ['"1"', '"0"', "null", "true", "false", "NaN", "Infinity", "[1]", "{}",
+                                  "1" + "0" * 400, "-1" + "0" * 400, "1e400"])
 def test_non_numeric_hard_names_file_and_line(tmp_path, hard):
     data = write_results(tmp_path / "d", [f'{{"id": "b", "hard": {hard}}}'])
     message = user_error(data)
@@ -201,7 +205,11 @@ def test_duplicate_ids_across_number_and_string(tmp_path):
 
 
 @pytest.mark.parametrize("bad_id", ["..", ".", "a/b", "../x", "/abs", "a\\b", "", "   ", "a\x00b", "a\nb", "a\tb",
-                                    None, True, 1.5, ["a"]])
+                                    None, True, 1.5, ["a"],
+                                    # other line breaks and controls: they would forge prompt lines
+                                    "a\x0bb", "a\x0cb", "a\x1cb", "a\x7fb", "a\x85b", "a\x9bb", "a\u2028b", "a\u2029b",
+                                    "a\ud800b",  # a lone surrogate: no file name, no UTF-8
+                                    "x" * 256, "é" * 128, 10 ** 300])  # over 255 bytes as a folder name
 def test_unsafe_ids_are_rejected_naming_file_and_line(tmp_path, bad_id):
     data = write_results(tmp_path / "d", [row("ok"), json.dumps({"id": bad_id, "hard": 0})])
     message = user_error(data)
@@ -268,6 +276,10 @@ CORRUPT = {
     "not_a_list": b'{"role": "user", "content": "hi"}',
     "null": b"null",
     "not_utf8": b'[{"role": "user", "content": "caf\xe9"}]',
+    # Python cannot hold these safely: a RecursionError or ValueError must not escape
+    "nested_past_the_stack": b"[" * 100_000 + b"]" * 100_000,
+    "nested_past_the_limit": b'[{"content": ' + b"[" * 200 + b"]" * 200 + b"}]",
+    "integer_too_long": b'[{"role": "user", "content": ' + b"7" * 5000 + b"}]",
 }
 
 
@@ -295,3 +307,266 @@ def test_corrupt_conversations_after_the_first_good_ones_are_all_checked_up_fron
     data = write_results(tmp_path / "d", [row(f"r{i}") for i in range(5)])
     (data / "predictions" / "r4" / "conversation.json").write_text("{")
     assert str(data / "predictions" / "r4" / "conversation.json") in user_error(data)
+
+
+# ---------------------------------------------------------------- hostile results (Python's own limits)
+
+
+def deep(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+@pytest.mark.parametrize("line", [
+    '{"id": "b", "hard": 0, "extra": ' + deep(100_000) + "}",  # past the stack: RecursionError in json
+    '{"id": "b", "hard": 0, "extra": ' + deep(200) + "}",  # within the stack, past the limit
+    deep(100_000),  # the whole line (it starts like a JSON array file)
+    '{"id": "b", "hard": 0, "n_turns": ' + "9" * 5000 + "}",  # past sys.get_int_max_str_digits()
+])
+def test_json_python_cannot_hold_is_bad_input_naming_file_and_line(tmp_path, line):
+    data = write_results(tmp_path / "d", [row("a"), line] if not line.startswith("[") else [line])
+    number = 1 if line.startswith("[") else 2
+    message = user_error(data)
+    assert f"{data / 'results.jsonl'}:{number}:" in message and "not usable JSON" in message
+
+
+def test_deep_json_array_results_file_names_the_line(tmp_path):
+    data = write_results(tmp_path / "d", [row("a")])
+    (data / "results.jsonl").write_text('[\n{"id": "a", "hard": 0},\n{"id": "b", "hard": 0, "x": ' + deep(50_000)
+                                        + "}\n]")
+    message = user_error(data)
+    assert f"{data / 'results.jsonl'}:3:" in message and "nested deeper than" in message
+
+
+def test_nesting_within_the_limit_is_kept(tmp_path):
+    nested = json.loads(deep(150))
+    data = write_results(tmp_path / "d", [row("a", extra=nested)])
+    (data / "predictions" / "a" / "conversation.json").write_text(json.dumps([{"role": "user", "content": nested}]))
+    dataset = load(data)
+    assert dataset.skipped == {}
+    traj = load_trajectory(dataset, dataset.results[0])
+    assert traj.fields["extra"] == nested and traj.conversation[0]["content"] == nested
+
+
+def test_largest_folder_name_is_accepted(tmp_path):
+    run_id = "x" * 255
+    data = write_results(tmp_path / "d", [row(run_id)])
+    dataset = load(data)
+    assert [r.id for r in dataset.results] == [run_id] and dataset.skipped == {}
+
+
+def test_id_over_the_file_systems_name_limit_names_the_line(tmp_path, monkeypatch):
+    # some file systems take fewer than 255 bytes per name: the limit comes from the folder's own
+    data = write_results(tmp_path / "d", [row("a"), row("b" * 120)])
+    monkeypatch.setattr("reflact.dataset.os.pathconf", lambda path, name: 100)
+    message = user_error(data)
+    assert f"{data / 'results.jsonl'}:2" in message and "120 bytes" in message and "100" in message
+
+
+def test_every_line_break_and_control_character_is_refused_in_ids():
+    import unicodedata
+
+    from reflact.dataset import check_id
+
+    refused = 0
+    for code in range(0x110000):
+        char = chr(code)
+        breaks = len(f"a{char}b".splitlines()) > 1
+        if breaks or unicodedata.category(char) in ("Cc", "Zl", "Zp", "Cs"):
+            with pytest.raises(UserError):
+                check_id(f"a{char}b", "here")
+            refused += 1
+    assert refused == 65 + 2 + 2048  # Cc, U+2028/9, surrogates: every line break is among them
+    for ordinary in ("run_1", "tâche-7", "東京", "emoji😀", "a b", "a\u200bb"):
+        assert check_id(ordinary, "here") == ordinary
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-1", "1e308"])
+def test_max_file_mb_must_be_a_usable_positive_number(tmp_path, value):
+    data = write_results(tmp_path / "d", [row("a")])
+    assert "data.max_file_mb" in user_error(data, f"data.max_file_mb={value}")
+
+
+# ---------------------------------------------------------------- links and special files
+
+SECRET = "sk-test-secret-never-in-a-prompt"
+
+
+def outside_file(tmp_path: Path, name: str, content: str) -> Path:
+    path = tmp_path / "elsewhere" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content, encoding="utf-8")
+    return path
+
+
+def replace_with_link(path: Path, target: Path | str) -> None:
+    if path.is_dir() and not path.is_symlink():
+        for child in path.iterdir():
+            child.unlink()
+        path.rmdir()
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    path.symlink_to(target)
+
+
+def link_outside(tmp_path: Path, data: Path, kind: str) -> Path:
+    """Make the file (or folder) of `kind` in run b's place link out of the dataset; return its path."""
+    secret_conv = json.dumps([{"role": "user", "content": SECRET}])
+    folder = data / "predictions" / "b"
+    if kind == "conversation":
+        replace_with_link(folder / "conversation.json", outside_file(tmp_path, "conv.json", secret_conv))
+        return folder / "conversation.json"
+    if kind == "conversation_to_proc":
+        replace_with_link(folder / "conversation.json", "/proc/self/environ")
+        return folder / "conversation.json"
+    if kind == "run_folder":
+        target = outside_file(tmp_path, "run/conversation.json", secret_conv).parent
+        replace_with_link(folder, target)
+        return folder / "conversation.json"
+    if kind == "extras":
+        replace_with_link(folder / "target_system_prompt.txt", outside_file(tmp_path, "sys.txt", SECRET))
+        return folder / "target_system_prompt.txt"
+    replace_with_link(folder / "spreadsheet_preview.txt", "/proc/self/environ")
+    return folder / "spreadsheet_preview.txt"
+
+
+LINK_KINDS = ["conversation", "conversation_to_proc", "run_folder", "extras", "extras_to_proc"]
+
+
+@pytest.mark.parametrize("kind", LINK_KINDS)
+def test_run_file_linking_outside_the_dataset_is_bad_input(tmp_path, kind):
+    data = write_results(tmp_path / "d", [row("a"), row("b", 1)])
+    path = link_outside(tmp_path, data, kind)
+    message = user_error(data)
+    assert str(path) in message and "links outside the dataset folder" in message
+    assert "on_bad_conversation" in message and SECRET not in message
+
+
+@pytest.mark.parametrize("kind", LINK_KINDS)
+def test_run_file_linking_outside_is_skipped_when_asked_and_never_read(tmp_path, kind):
+    data = write_results(tmp_path / "d", [row("a"), row("b", 1)])
+    path = link_outside(tmp_path, data, kind)
+    dataset = load(data, "data.on_bad_conversation=skip")
+    assert list(dataset.skipped) == ["b"] and "links outside the dataset folder" in dataset.skipped["b"]
+    assert str(path) in dataset.skipped["b"]
+    shown = load_trajectory(dataset, dataset.results[0])
+    assert SECRET not in json.dumps([shown.fields, shown.conversation, shown.extras])
+
+
+@pytest.mark.parametrize("name,key", [("skill.md", "data.skill"), ("results.jsonl", "data.results")])
+def test_file_in_data_dir_linking_outside_it_is_refused(tmp_path, name, key):
+    data = write_results(tmp_path / "d", [row("a")])
+    target = outside_file(tmp_path, name, (data / name).read_text(encoding="utf-8"))
+    replace_with_link(data / name, target)
+    message = user_error(data)
+    assert str(data / name) in message and "links outside the dataset folder" in message and key in message
+
+
+def test_predictions_folder_linking_outside_data_dir_is_refused(tmp_path):
+    data = write_results(tmp_path / "d", [row("a")])
+    (data / "predictions").rename(tmp_path / "preds")
+    (data / "predictions").symlink_to(tmp_path / "preds")
+    message = user_error(data)
+    assert str(data / "predictions") in message and "links outside" in message and "data.predictions" in message
+
+
+def test_paths_given_one_by_one_may_live_anywhere(tmp_path):
+    data = write_results(tmp_path / "d", [row("a")])
+    skill = outside_file(tmp_path, "skill.md", "# Skill from elsewhere\n")
+    link = tmp_path / "results_link.jsonl"
+    link.symlink_to(data / "results.jsonl")
+    (data / "predictions").rename(tmp_path / "preds")
+    dataset = load(data, f"data.skill={skill}", f"data.results={link}", f"data.predictions={tmp_path / 'preds'}")
+    assert dataset.skill == "# Skill from elsewhere\n" and dataset.skipped == {}
+    assert load_trajectory(dataset, dataset.results[0]).conversation == CONV
+
+
+def test_files_under_given_predictions_must_not_link_out_of_it(tmp_path):
+    data = write_results(tmp_path / "d", [row("a"), row("b", 1)])
+    link_outside(tmp_path, data, "conversation")
+    (data / "predictions").rename(tmp_path / "preds")
+    message = user_error(data, f"data.predictions={tmp_path / 'preds'}")
+    assert str(tmp_path / "preds" / "b" / "conversation.json") in message and "links outside" in message
+
+
+def test_links_that_stay_inside_are_followed(tmp_path):
+    data = write_results(tmp_path / "d", [row("a"), row("b", 1)])
+    runs = data / "predictions"
+    replace_with_link(runs / "b" / "conversation.json", "../a/conversation.json")
+    (runs / "a" / "target_system_prompt.txt").write_text("shared prompt", encoding="utf-8")
+    (runs / "b" / "target_system_prompt.txt").symlink_to(runs / "a" / "target_system_prompt.txt")
+    (data / "skills").mkdir()
+    (data / "skill.md").rename(data / "skills" / "v1.md")
+    (data / "skill.md").symlink_to("skills/v1.md")
+    linked_dir = tmp_path / "dataset_link"
+    linked_dir.symlink_to(data)
+    dataset = load(linked_dir)
+    assert dataset.skill == SKILL and dataset.skipped == {}
+    traj = load_trajectory(dataset, dataset.results[1])
+    assert traj.conversation == CONV and traj.extras["target_system_prompt"] == "shared prompt"
+
+
+def test_dangling_link_inside_is_a_missing_conversation(tmp_path):
+    data = write_results(tmp_path / "d", [row("a")])
+    replace_with_link(data / "predictions" / "a" / "conversation.json", "gone.json")
+    assert load(data).skipped == {"a": "missing conversation"}
+
+
+def test_link_loop_is_bad_input_not_a_missing_conversation(tmp_path):
+    data = write_results(tmp_path / "d", [row("a")])
+    path = data / "predictions" / "a" / "conversation.json"
+    replace_with_link(path, "conversation.json")
+    message = user_error(data)
+    assert str(path) in message and "on_bad_conversation" in message
+
+
+def special_file(path: Path, kind: str) -> None:
+    if path.exists():
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+        return
+    try:
+        os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # like /dev/null, inside the dataset
+    except PermissionError:
+        pytest.skip("creating a device file needs privileges")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+@pytest.mark.parametrize("name", ["conversation.json", "target_user_prompt.txt"])
+def test_run_file_that_is_not_a_regular_file_is_bad_input(tmp_path, kind, name):
+    data = write_results(tmp_path / "d", [row("a")])
+    path = data / "predictions" / "a" / name
+    special_file(path, kind)
+    message = user_error(data)  # a FIFO would block a plain read forever
+    assert str(path) in message and "not a regular file" in message
+    assert load(data, "data.on_bad_conversation=skip").skipped == {"a": f"{path}: not a regular file"}
+
+
+@pytest.mark.parametrize("name", ["skill.md", "results.jsonl"])
+def test_dataset_file_that_is_not_a_regular_file_is_bad_input(tmp_path, name):
+    data = write_results(tmp_path / "d", [row("a")])
+    special_file(data / name, "fifo")
+    message = user_error(data)
+    assert str(data / name) in message and "not a regular file" in message
+
+
+# ---------------------------------------------------------------- through the entry point
+
+
+@pytest.mark.parametrize("make", ["deep_results_line", "skill_link_out"])
+def test_hostile_input_is_a_one_line_error_with_exit_code_2(tmp_path, make):
+    from tests.conftest import run_cli
+
+    data = write_results(tmp_path / "d", [row("a"), row("b", 1)])
+    if make == "deep_results_line":
+        (data / "results.jsonl").write_text(row("a") + "\n" + '{"id": "b", "hard": ' + deep(100_000) + "}\n")
+        names = [f"{data / 'results.jsonl'}:2"]
+    else:
+        replace_with_link(data / "skill.md", outside_file(tmp_path, "skill.md", SECRET))
+        names = [str(data / "skill.md"), "links outside"]
+    proc = run_cli(f"data.dir={data}", "optimizer.base_url=http://127.0.0.1:9", "mlflow.enabled=false",
+                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("reflact: error:"), proc.stderr
+    assert all(name in lines[0] for name in names) and SECRET not in proc.stdout + proc.stderr
