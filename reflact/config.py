@@ -6,13 +6,22 @@ these typed nodes; `validate` adds the range and choice checks and names the key
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Dict, Optional
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from reflact.errors import UserError
-from reflact.modes import normalize_mode
+from reflact.modes import get_mode, normalize_mode
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# well-known prefixes of provider keys and tokens: such a value is a secret, never a name or a URL part
+_KEY_PREFIXES = ("sk-", "sk_", "sess-", "gsk_", "xai-", "pplx-", "hf_", "AIza", "ghp_", "github_pat_", "glpat-")
+_SECRET_WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "pwd", "auth", "authorization",
+                 "sig", "signature", "credential", "credentials", "jwt", "bearer", "session"}
 
 
 class OnBadConversation(Enum):
@@ -208,39 +217,194 @@ def _flatten(tree: object, prefix: str = "") -> dict[str, str]:
 
 
 def validate(cfg: ReflactConfig) -> ReflactConfig:
-    """Range and choice checks; returns the config with the update mode's canonical name."""
-    r = cfg.reflect
+    """Range and choice checks; returns the config with the update mode's canonical name.
+
+    Every setting is checked here, before any input is read or any call made: numbers for
+    NaN, infinity and range, URLs for scheme, host and credentials (the config is logged in
+    full, so a key must never sit in it). The files that prompt and context settings name are
+    read by prompts.text_or_file when the stage is built, also before any call.
+    """
+    cfg.reflect.update_mode = normalize_mode(cfg.reflect.update_mode)
+    _check_data(cfg.data)
+    _check_reflect(cfg.reflect)
+    _check_prompts(cfg.prompts)
+    _check_optimizer_numbers(cfg.optimizer, get_mode(cfg.reflect.update_mode).full_rewrite)
+    _check_optimizer_names(cfg.optimizer)
+    _check_optimizer_urls(cfg.optimizer)
+    _check_mlflow(cfg.mlflow)
+    cfg.optimizer.prices = {model: _price(model, value) for model, value in cfg.optimizer.prices.items()}
+    return cfg
+
+
+def _check_data(d: DataConfig) -> None:
+    _number(d.max_file_mb, "data.max_file_mb", above=0)
+    if not d.dir and not (d.skill and d.results):
+        raise UserError("no dataset: set data.dir (or data.skill and data.results)")
+
+
+def _check_reflect(r: ReflectConfig) -> None:
     _at_least(r.minibatch_size, 1, "reflect.minibatch_size")
     _at_least(r.workers, 1, "reflect.workers")
     _at_least(r.max_reasks, 0, "reflect.max_reasks")
-    o = cfg.optimizer
+    _number(r.edit_budget, "reflect.edit_budget")  # any integer: < 0 means no limit
+    _number(r.seed, "reflect.seed")
+    # a NaN threshold makes every `hard < threshold` false: all runs would silently be successes
+    _number(r.success_threshold, "reflect.success_threshold")
+
+
+def _check_prompts(p: PromptsConfig) -> None:
+    """Files are read (and missing ones reported) by prompts.text_or_file when the stage is
+    built, still before any call; here only what is wrong whatever the files hold."""
+    for key, value in (("prompts.error", p.error), ("prompts.success", p.success)):
+        if value is not None and not value.strip():
+            raise UserError(f"{key} is empty: leave it unset (null) to use the built-in template")
+
+
+def _check_optimizer_numbers(o: OptimizerConfig, full_rewrite: bool) -> None:
+    _number(o.timeout_s, "optimizer.timeout_s", above=0)
     _at_least(o.max_output_tokens, 1, "optimizer.max_output_tokens")
     _at_least(o.max_output_tokens_full_rewrite, 1, "optimizer.max_output_tokens_full_rewrite")
-    _at_least(o.retry.max_attempts, 1, "optimizer.retry.max_attempts")
     _at_least(o.max_output_tokens_ceiling, max(o.max_output_tokens, o.max_output_tokens_full_rewrite),
               "optimizer.max_output_tokens_ceiling")
+    if o.temperature is not None:
+        _number(o.temperature, "optimizer.temperature", low=0, high=2)
+    _at_least(o.sample, 0, "optimizer.sample")
+    if o.context_window is not None:
+        _at_least(o.context_window, 1, "optimizer.context_window")
+        allowance, allowance_key = ((o.max_output_tokens_full_rewrite, "optimizer.max_output_tokens_full_rewrite")
+                                    if full_rewrite else (o.max_output_tokens, "optimizer.max_output_tokens"))
+        if o.context_window <= allowance:
+            raise UserError(f"optimizer.context_window ({o.context_window}) must be larger than {allowance_key} "
+                            f"({allowance}): the prompt needs room beside the reply; lower {allowance_key}")
+    if o.max_cost_usd is not None:
+        _number(o.max_cost_usd, "optimizer.max_cost_usd", low=0)
     for key in ("rpm", "tpm"):
         if getattr(o, key) is not None:
             _at_least(getattr(o, key), 1, f"optimizer.{key}")
-    if o.max_cost_usd is not None and o.max_cost_usd < 0:
-        raise UserError(f"optimizer.max_cost_usd must be >= 0, got {o.max_cost_usd}")
-    if o.provider is Provider.azure and not o.dry_run and not (o.azure.endpoint and o.azure.deployment):
-        raise UserError("optimizer.azure.endpoint and optimizer.azure.deployment must be set for provider azure")
-    if o.timeout_s <= 0:
-        raise UserError(f"optimizer.timeout_s must be > 0, got {o.timeout_s}")
+    _at_least(o.retry.max_attempts, 1, "optimizer.retry.max_attempts")
+    for key in ("max_seconds", "initial_wait_s", "max_wait_s"):
+        _number(getattr(o.retry, key), f"optimizer.retry.{key}", low=0)
+
+
+def _check_optimizer_names(o: OptimizerConfig) -> None:
+    if not o.model or not o.model.strip():
+        raise UserError("optimizer.model is not set: name the model the server serves, e.g. "
+                        "optimizer.model=qwen3:32b (the compatible, ollama and vllm presets have no default)")
     if o.token_limit_param not in ("max_completion_tokens", "max_tokens"):
         raise UserError(
             "optimizer.token_limit_param must be max_completion_tokens or max_tokens, "
             f"got {o.token_limit_param!r}"
         )
-    if not o.model:
-        raise UserError("optimizer.model is empty: set the optimizer model's name")
-    o.prices = {model: _price(model, value) for model, value in o.prices.items()}
-    r.update_mode = normalize_mode(r.update_mode)
-    d = cfg.data
-    if not d.dir and not (d.skill and d.results):
-        raise UserError("no dataset: set data.dir (or data.skill and data.results)")
-    return cfg
+    if o.reasoning_effort and not re.fullmatch(r"[A-Za-z_-]+", o.reasoning_effort):
+        raise UserError(f"optimizer.reasoning_effort must be one word such as low, medium or high, "
+                        f"got {_shown(o.reasoning_effort)!r}")
+    _check_key_env(o.api_key_env)
+    if o.cache_path is not None and not o.cache_path.strip():
+        raise UserError("optimizer.cache_path is empty: leave it unset (null) for outputs/cache.db")
+    if o.provider is Provider.azure:
+        if not o.dry_run and not (o.azure.endpoint and o.azure.deployment):
+            raise UserError("optimizer.azure.endpoint and optimizer.azure.deployment must be set for provider azure")
+        if not o.azure.api_version or not o.azure.api_version.strip():
+            raise UserError("optimizer.azure.api_version is empty: set the Azure OpenAI API version, e.g. 2024-10-21")
+
+
+def _check_key_env(name: str) -> None:
+    """The key lives in the environment; the config (logged in full) only names the variable.
+    A value that is not a variable's name may be the key itself: it is never echoed."""
+    if name and _ENV_NAME.fullmatch(name) and not _looks_like_key(name):
+        return
+    if not name:
+        raise UserError("optimizer.api_key_env is empty: name the environment variable that holds the key, "
+                        "e.g. OPENAI_API_KEY")
+    # a short value that is no key is echoed to help spot the typo; anything else may be the key
+    shown = "value not shown: it may be a key" if _looks_like_key(name) or len(name) > 20 else f"got {name!r}"
+    raise UserError(f"optimizer.api_key_env must be the name of an environment variable (letters, digits, _; "
+                    f"{shown}), not the key: put the key in a variable such as OPENAI_API_KEY and set "
+                    "optimizer.api_key_env to that variable's name")
+
+
+def _check_optimizer_urls(o: OptimizerConfig) -> None:
+    hint = f"put the key in the environment variable named by optimizer.api_key_env ({o.api_key_env})"
+    if o.base_url is not None:
+        _check_url(o.base_url, "optimizer.base_url", "http://127.0.0.1:8000/v1", hint)
+    if o.azure.endpoint is not None:
+        _check_url(o.azure.endpoint, "optimizer.azure.endpoint", "https://<resource>.openai.azure.com", hint)
+
+
+def _check_mlflow(m: MlflowConfig) -> None:
+    if not m.experiment or not m.experiment.strip():
+        raise UserError("mlflow.experiment is empty: name the MLflow experiment, e.g. reflact")
+    if m.tracking_uri:
+        # a tracking server's credentials belong in MLflow's own variables, not in the logged config
+        hint = ("use MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN "
+                "(for a database, its own password variable or file, e.g. PGPASSWORD)")
+        try:  # no stricter: MLflow takes paths with spaces, databricks://profile:prefix...
+            parts = urlsplit(m.tracking_uri)
+        except ValueError:
+            raise UserError("mlflow.tracking_uri is not a valid URI (check its brackets)") from None
+        _refuse_credentials(parts, "mlflow.tracking_uri", hint, path_too=False)
+
+
+def _check_url(value: str, key: str, example: str, hint: str) -> None:
+    """An http(s) URL with a host and no credentials; the value is never echoed, it may hold a key."""
+    if not value.strip():
+        raise UserError(f"{key} is empty: give a URL such as {example}, or leave it unset (null)")
+    parts = _split_url(value, key)
+    _refuse_credentials(parts, key, hint)
+    if "://" not in value:
+        raise UserError(f"{key} has no scheme: write it as a full URL such as {example}")
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        shown = f" ({scheme}://)" if re.fullmatch(r"[a-z][a-z0-9+.-]{0,9}", scheme) else ""  # a key is longer
+        raise UserError(f"{key} must be an http:// or https:// URL{shown}, e.g. {example}")
+    if not parts.hostname:
+        raise UserError(f"{key} has no host, e.g. {example}")
+
+
+def _split_url(value: str, key: str) -> SplitResult:
+    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise UserError(f"{key} contains whitespace or control characters")
+    try:
+        parts = urlsplit(value)
+        parts.port  # raises on a port that is not a number in 0..65535
+    except ValueError:
+        raise UserError(f"{key} is not a valid URL (check the host and port)") from None
+    return parts
+
+
+def _refuse_credentials(parts: SplitResult, key: str, hint: str, path_too: bool = True) -> None:
+    """A URL is logged with the config: user:password@, a key-like query parameter or value, a
+    fragment, or (path_too) a path segment that looks like a key stop the run, unechoed."""
+    netloc_user = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
+    if netloc_user and (path_too or ":" in netloc_user or parts.scheme.lower() in ("http", "https")):
+        raise UserError(f"{key} carries credentials (user:password@host; not shown): remove them and {hint}")
+    for name, val in parse_qsl(parts.query, keep_blank_values=True):
+        if _is_secret_param(name) or _looks_like_key(val) or _looks_like_key(name):
+            named = f" ({name}=...)" if _is_secret_param(name) and not _looks_like_key(name) else ""
+            raise UserError(f"{key} carries a credential in its query{named}; not shown: remove it and {hint}")
+    if path_too and parts.fragment:
+        raise UserError(f"{key} must not have a #fragment (not shown): remove it")
+    if path_too and any(_looks_like_key(segment) for segment in parts.path.split("/")):
+        raise UserError(f"{key} has a path segment that looks like a key (not shown): remove it and {hint}")
+
+
+def _is_secret_param(name: str) -> bool:
+    words = name.lower().replace("-", "_").split("_")
+    return bool(_SECRET_WORDS.intersection(words)) or name.lower().endswith(("key", "token", "secret", "password"))
+
+
+def _looks_like_key(text: str) -> bool:
+    """A provider key's well-known prefix (with the length and digits of a key, not of a name such
+    as hf_token_for_ci), or a long random-looking token (mixed case and digits)."""
+    text = text.strip()
+    if len(text) >= 20 and text.startswith(_KEY_PREFIXES) and any(c.isdigit() for c in text):
+        return True
+    return (len(text) >= 32 and any(c.islower() for c in text) and any(c.isupper() for c in text)
+            and any(c.isdigit() for c in text))
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def dataset_paths(data: DataConfig) -> tuple[Path, Path, Path]:
@@ -261,19 +425,36 @@ def dataset_paths(data: DataConfig) -> tuple[Path, Path, Path]:
 
 def _price(model: str, value: object) -> Price:
     if isinstance(value, Price):
-        return value
+        value = {"input": value.input, "cached_input": value.cached_input, "output": value.output}
     try:
         price = Price(**dict(value))
-        for amount in (price.input, price.cached_input, price.output):
-            if float(amount) < 0:
-                raise ValueError("negative")
-        return Price(float(price.input), float(price.cached_input), float(price.output))
+        amounts = [price.input, price.cached_input, price.output]
+        if any(isinstance(a, bool) for a in amounts):
+            raise ValueError("a boolean is not a price")
+        amounts = [float(a) for a in amounts]
+        if not all(math.isfinite(a) and a >= 0 for a in amounts):
+            raise ValueError("not a finite, non-negative number")
+        return Price(*amounts)
     except (TypeError, ValueError):
         raise UserError(
-            f"optimizer.prices.{model}: expected {{input, cached_input, output}} as non-negative numbers, got {value!r}"
+            f"optimizer.prices.{model}: expected {{input, cached_input, output}} as finite, non-negative numbers, "
+            f"got {value!r}"
         ) from None
 
 
 def _at_least(value: int, low: int, key: str) -> None:
-    if value < low:
+    _number(value, key, low=low)
+
+
+def _number(value: object, key: str, low: float | None = None, high: float | None = None,
+            above: float | None = None) -> None:
+    """A finite number within [low, high] (and > above); NaN and infinity pass no comparison
+    the way a range check expects, so they are refused first."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UserError(f"{key} must be a finite number, got {value!r}")
+    if above is not None and not value > above:
+        raise UserError(f"{key} must be > {above}, got {value}")
+    if low is not None and value < low:
         raise UserError(f"{key} must be >= {low}, got {value}")
+    if high is not None and value > high:
+        raise UserError(f"{key} must be <= {high}, got {value}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from reflact.render import BLOCK_DIVIDER
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 GROUP_TEMPLATE = {"failure": "analyst_error", "success": "analyst_success"}
 GROUP_HEADING = {"failure": "Failed Trajectories", "success": "Successful Trajectories"}
-_PATH_SUFFIXES = (".md", ".txt", ".markdown")
+_PATH_SUFFIXES = (".md", ".markdown", ".txt", ".text", ".rst")
 
 
 @dataclass(frozen=True)
@@ -34,22 +35,52 @@ def content_hash(text: str) -> str:
 def text_or_file(value: str | None, key: str) -> str | None:
     """A config value that is either inline text or a path to a text file.
 
-    A single line naming an existing file, or ending in .md/.txt, is a path (a missing one is
-    an error naming the key); anything else is the text itself.
+    A single line is a path when it names an existing file or directory, or looks like a path:
+    it ends in a text suffix (.md, .txt...), starts with /, ~, ./ or ../, or holds a / and no
+    whitespace. A path must be a readable UTF-8 regular file, else the error names the key (a
+    mistyped path must not be sent as the prompt). Anything else, a sentence or several lines,
+    is the text itself.
     """
     if value is None:
         return None
     candidate = value.strip()
-    if candidate and "\n" not in candidate:
-        path = Path(candidate).expanduser()
-        if path.is_file():
-            try:
-                return path.read_text(encoding="utf-8")
-            except UnicodeDecodeError:
-                raise UserError(f"{key}: {path} is not UTF-8 text") from None
-        if candidate.lower().endswith(_PATH_SUFFIXES):
-            raise UserError(f"{key}: no such file: {candidate}")
+    if not candidate or len(candidate.splitlines()) > 1:
+        return value
+    path = Path(candidate).expanduser()
+    try:
+        kind = "file" if path.is_file() else "dir" if path.is_dir() else "other" if path.exists() else None
+    except (OSError, ValueError):  # too long for a file name, a NUL byte: not a path
+        kind = None
+    if kind == "file":
+        return _read_text_file(path, key)
+    if kind == "dir":
+        raise UserError(f"{key}: {_shown(candidate)} is a directory, not a text file")
+    if kind == "other":
+        raise UserError(f"{key}: {_shown(candidate)} is not a regular file")
+    if _looks_like_path(candidate):
+        raise UserError(f"{key}: no such file: {_shown(candidate)}")
     return value
+
+
+def _looks_like_path(text: str) -> bool:
+    separators = {"/", os.sep}
+    if text.lower().endswith(_PATH_SUFFIXES) or text.startswith(("/", "~", "./", "../")):
+        return True
+    # a sentence may hold a slash ("refund/exchange"); a path without whitespace is one word
+    return any(sep in text for sep in separators) and not any(ch.isspace() for ch in text)
+
+
+def _read_text_file(path: Path, key: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{key}: {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise UserError(f"{key}: cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _shown(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def load_template(name: str, prompts_dir: Path = PROMPTS_DIR) -> str | None:
