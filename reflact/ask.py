@@ -72,6 +72,7 @@ class Asker:
     schemas: dict[str, dict]  # group -> the reply's JSON schema
     notes_allowed: dict[str, bool]  # group -> may the reply carry appendix_notes
     publish: Callable
+    stopping: threading.Event  # set on Ctrl-C or SIGTERM: no new request starts
 
     def ask(self, tag: str, group: str, messages: list[dict], numbered_after: int,
             keep: Callable[[int, Reply], None]) -> Asked:
@@ -119,7 +120,9 @@ class Asker:
 
     def _request(self, tag: str, number: int, group: str, conversation: list[dict], allowance: int,
                  tally: Tally) -> Reply | Asked:
-        """One request; an Asked when the conversation must end here (cost limit, failed call)."""
+        """One request; an Asked when the conversation must end here (stopping, cost limit, failed call)."""
+        if self.stopping.is_set():
+            return Asked("failed", tally, error="stopped: the run was interrupted before this request")
         if not self.spend.allows_new_call():
             return Asked("not_run", tally, error="cost limit reached")
         self.publish(CallStarted(tag, number))

@@ -154,7 +154,7 @@ class OptimizerConfig:
 @dataclass
 class MlflowConfig:
     enabled: bool = True
-    trace_calls: bool = False  # one MLflow trace per optimizer call, linked to the run
+    trace_calls: bool = True  # one MLflow trace per optimizer call, linked to the run
     tracking_uri: Optional[str] = None  # default: sqlite:///<launch dir>/outputs/mlflow.db
     experiment: str = "reflact"
 
@@ -162,6 +162,7 @@ class MlflowConfig:
 @dataclass
 class ReflactConfig:
     name: str = "default"  # names the sweep folder outputs/sweeps/<name>, so rerunning a sweep resumes it
+    optimized_metric: Optional[str] = None  # a run metric the job returns, for sweepers such as Optuna
     data: DataConfig = field(default_factory=DataConfig)
     reflect: ReflectConfig = field(default_factory=ReflectConfig)
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
@@ -195,10 +196,15 @@ def from_hydra(dict_cfg) -> tuple[ReflactConfig, dict[str, str]]:
 
 
 def params(cfg: ReflactConfig) -> dict[str, str]:
-    """The whole config flattened to `section.key` strings (no secrets: keys are never in it)."""
+    """The settings as `section.key` strings: what was set, leaving out empty ones, the Azure block
+    unless in use and prices of other models (no secrets: keys are never in the config)."""
     from omegaconf import OmegaConf
 
-    return _flatten(OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True))
+    tree = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    if cfg.optimizer.provider is not Provider.azure:
+        del tree["optimizer"]["azure"]
+    tree["optimizer"]["prices"] = {m: p for m, p in tree["optimizer"]["prices"].items() if m == cfg.optimizer.model}
+    return {key: value for key, value in _flatten(tree).items() if value != ""}
 
 
 PARAM_MAX_CHARS = 500  # long texts (step buffer, meta skill) go in as artifacts, not params
@@ -232,8 +238,16 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     _check_optimizer_names(cfg.optimizer)
     _check_optimizer_urls(cfg.optimizer)
     _check_mlflow(cfg.mlflow)
+    _check_optimized_metric(cfg.optimized_metric)
     cfg.optimizer.prices = {model: _price(model, value) for model, value in cfg.optimizer.prices.items()}
     return cfg
+
+
+def _check_optimized_metric(name: str | None) -> None:
+    from reflact.summary import RUN_METRICS
+
+    if name is not None and name not in RUN_METRICS:
+        raise UserError(f"optimized_metric: unknown run metric {name!r} (known: {', '.join(RUN_METRICS)})")
 
 
 def _check_data(d: DataConfig) -> None:

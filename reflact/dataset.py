@@ -98,6 +98,7 @@ class Dataset:
     max_bytes: int
     skipped: dict[str, str] = field(default_factory=dict)  # id -> why it is not shown
     root: Folder | None = None  # the predictions folder no conversation or extras file may leave
+    paths: tuple[Path, ...] = ()  # (skill, results) as read
 
     def conversation_path(self, run_id: str) -> Path:
         return self.predictions / run_id / "conversation.json"
@@ -121,7 +122,8 @@ def load_dataset(data: DataConfig) -> Dataset:
     root = _predictions_root(data, predictions)
     name_max = _name_max(root.real)
     results = load_results(results_path, max_bytes, root=None if data.results else base, name_max=name_max)
-    dataset = Dataset(skill=skill, results=results, predictions=predictions, max_bytes=max_bytes, root=root)
+    dataset = Dataset(skill=skill, results=results, predictions=predictions, max_bytes=max_bytes, root=root,
+                      paths=(skill_path, results_path))
     for result in results:
         problem = check_conversation(dataset.conversation_path(result.id), max_bytes, root)
         if problem is None:

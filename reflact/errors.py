@@ -17,6 +17,30 @@ class UserError(Exception):
     """A mistake the user can fix; the message names the key, file or line at fault."""
 
 
+class RunFailed(Exception):
+    """The run ended FAILED (exit code 1): the message says why and what to check."""
+
+
+class Stopped(KeyboardInterrupt):
+    """The run was stopped by Ctrl-C (exit code 130) or SIGTERM (143); the message says how to go on."""
+
+    def __init__(self, message: str = "interrupted", exit_code: int = 130) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def raise_stopped_on_sigterm() -> None:
+    """SIGTERM stops the run the way Ctrl-C does (no new call, records kept), with exit code 143."""
+    import signal
+    import threading
+
+    def stop(signum, frame) -> None:
+        raise Stopped("terminated", exit_code=143)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop)
+
+
 def user_error_message(exc: BaseException) -> str | None:
     """One line for a user mistake (ours, or Hydra's and OmegaConf's about the config); None for a bug."""
     from hydra.errors import HydraException
@@ -38,12 +62,19 @@ def user_error_message(exc: BaseException) -> str | None:
 
 
 def exits_on_user_error(command: Callable[..., T]) -> Callable[..., T]:
-    """Wraps a command: a user mistake becomes one line on stderr and exit code 2."""
+    """Wraps a command: a user mistake becomes one line on stderr and exit code 2; a failed run
+    one line and exit code 1; Ctrl-C or SIGTERM one line and 130 or 143. No traceback for any."""
 
     @functools.wraps(command)
     def guarded(*args, **kwargs) -> T:
         try:
             return command(*args, **kwargs)
+        except KeyboardInterrupt as exc:
+            print(f"reflact: {exc if isinstance(exc, Stopped) else 'interrupted'}", file=sys.stderr)
+            raise SystemExit(getattr(exc, "exit_code", 130)) from None
+        except RunFailed as exc:
+            print(f"reflact: run failed: {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
         except Exception as exc:  # noqa: BLE001 - mistakes get one line; bugs keep their traceback
             message = user_error_message(exc)
             if message is None:

@@ -8,7 +8,8 @@ queue of its own. The run dir, written by the stage itself, stays the record of 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 from reflact.optimizer import Reply
@@ -41,6 +42,7 @@ class Replied:
     reply: Reply | None
     error: str = ""
     cost_usd: float = 0.0  # what this request cost now (0 for a cache hit)
+    ended_at: float = field(default_factory=time.time)  # epoch seconds
 
 
 @dataclass(frozen=True)

@@ -1,62 +1,89 @@
-"""One experiment, end to end: inputs, the stage, the run's summary and report, then tracking."""
+"""One experiment, end to end: inputs, the stage (with progress and live tracking following it),
+the run's summary and report, and the run's true status."""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from reflact.config import ReflactConfig
 from reflact.dataset import load_dataset
+from reflact.errors import Stopped
+from reflact.live import LiveRun
+from reflact.mirror import RunContext
 from reflact.optimizer import make_optimizer
 from reflact.rundir import RunDir
 from reflact.stage import Stage
-from reflact.summary import summarize
-from reflact.tracking import log_run
+from reflact.summary import run_status, summarize
 
 log = logging.getLogger("reflact")
 
 
-def run_experiment(
-    cfg: ReflactConfig,
-    params: dict[str, str],
-    run_dir: Path,
-    launch_dir: Path,
-    sweep_dir: Path | None = None,
-    record_config: Callable[[], None] | None = None,
-) -> dict:
+@dataclass
+class Launch:
+    """Where and how the run was started."""
+
+    launch_dir: Path  # where relative paths and the default outputs/ are resolved
+    sweep_dir: Path | None = None
+    job: int | None = None  # the job's number in a sweep
+    overrides: tuple[str, ...] = ()
+    record_config: Callable[[], None] | None = None  # writes .hydra/ once the inputs passed their checks
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: dict
+    status: str  # FINISHED or FAILED (a stopped run raises reflact.errors.Stopped)
+    reason: str = ""  # why it failed, and what to check
+    mlflow_run_id: str | None = None
+
+
+def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch: Launch) -> RunResult:
     """Everything that can be wrong with the inputs is found before the first call, and before
     `record_config` writes the run's config beside its outputs (a bad rerun changes nothing)."""
-    started = time.monotonic()
+    started_at = time.time()
     dataset = load_dataset(cfg.data)
-    optimizer = make_optimizer(cfg, launch_dir, dataset.skill)
+    optimizer = make_optimizer(cfg, launch.launch_dir, dataset.skill)
     stage = Stage(cfg, dataset, optimizer, run_dir)
-    if record_config is not None:
-        record_config()
+    if launch.record_config is not None:
+        launch.record_config()
+    tracker = None
+    if cfg.mlflow.enabled:
+        tracker = LiveRun(RunContext(cfg, params, stage.run_dir, launch.launch_dir, started_at, dataset,
+                                     stage.system, launch.overrides, launch.sweep_dir, launch.job))
+        stage.observe(tracker)
     if dataset.skipped:
         log.info("skipping %d run(s) without a usable conversation: %s", len(dataset.skipped),
                  ", ".join(sorted(dataset.skipped)[:10]) + (" ..." if len(dataset.skipped) > 10 else ""))
     try:
         outcomes = stage.run()
+    except KeyboardInterrupt as exc:
+        if tracker is not None:
+            tracker.finish(None, "KILLED")
+        raise Stopped(f"{exc if isinstance(exc, Stopped) else 'interrupted'}: no new call was started; continue "
+                      f"with the same hydra.run.dir={run_dir}", getattr(exc, "exit_code", 130)) from None
     finally:
         optimizer.close()
-    summary = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.system.hashes(), started,
-                        time.monotonic)
-    if cfg.mlflow.enabled:
-        log_run(cfg, params, summary, run_dir, launch_dir, sweep_dir)
-    report_end(cfg, summary, stage.mode.label, run_dir)
-    return summary
+    summary = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.system.hashes(), started_at,
+                        time.time)
+    status, reason = run_status(summary["counts"], cfg, outcomes, run_dir)
+    run_id = tracker.finish(summary, status) if tracker is not None else None
+    report_end(cfg, summary, stage.mode.label, stage.run_dir)
+    return RunResult(Path(run_dir), summary, status, reason, run_id)
 
 
-def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: Path) -> None:
+def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: RunDir) -> None:
     """The run's last lines: what it did, and what needs a rerun."""
     c = summary["counts"]
     if cfg.optimizer.dry_run:
         log.info(
             "dry run: %d prompts built, ~%d prompt and ~%d reply tokens, estimated $%.4f for %s; prompts in %s",
             c["minibatches_dry_run"], c["tokens_prompt"], c["tokens_completion"], c["cost_usd"],
-            cfg.optimizer.model, RunDir(run_dir).calls,
+            cfg.optimizer.model, run_dir.calls,
         )
     else:
         log.info(
@@ -64,7 +91,7 @@ def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: Path) -> 
             "%d/%d %s kept, %d tokens, $%.4f spent now ($%.4f for all patches); outputs in %s",
             c["minibatches"], c["minibatches_done"], c["minibatches_reused"], c["minibatches_failed"],
             c["minibatches_skipped"], c["calls"], c["cache_hits"], c["edits_kept"], c["edits_proposed"],
-            label, c["tokens_prompt"] + c["tokens_completion"], c["spent_usd"], c["cost_usd"], run_dir,
+            label, c["tokens_prompt"] + c["tokens_completion"], c["spent_usd"], c["cost_usd"], run_dir.root,
         )
     if c["minibatches_not_run"]:
         log.warning("the cost limit optimizer.max_cost_usd=%s was reached: %d minibatch(es) not run",

@@ -4,6 +4,8 @@
 
 Run it from the directory the run was started from (the default store is outputs/mlflow.db
 there). Nothing is called and nothing in the run dir changes but its record of the MLflow run.
+The run is written by the same code as live tracking, from the run dir's records, so it holds
+the same names and values (traces excepted: those are recorded only as the calls happen).
 """
 
 from __future__ import annotations
@@ -11,33 +13,105 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
+from dataclasses import fields
 from pathlib import Path
 
 from reflact.errors import UserError, exits_on_user_error
 from reflact.rundir import HYDRA, SUMMARY, RunDir
 
+log = logging.getLogger("reflact")
+
 
 def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | None:
+    """Logs the run dir as a new MLflow run (replacing the one it had); returns its id, or None
+    (with a warning) when tracking failed."""
+    from reflact.mirror import Mirror
+    from reflact.summary import run_status
+    from reflact.tracking import Store, mlflow_globals_at, one_line
+
+    rd = RunDir(run_dir.resolve())
+    summary = rd.summary()
+    if summary is None or not (rd / HYDRA / "config.yaml").is_file():
+        raise UserError(f"{run_dir}: not a finished run dir ({SUMMARY} and {HYDRA}/config.yaml are needed)")
+    context = _context(rd, launch_dir, tracking_uri, summary)
+    outcomes = _outcomes(summary)
+    status, _ = run_status(summary["counts"], context.cfg, outcomes, rd.root)
+    uri = context.cfg.mlflow.tracking_uri
+    try:
+        with mlflow_globals_at(uri):
+            mirror = Mirror(Store(uri, context.cfg.mlflow.experiment, launch_dir), context)
+            run_id = mirror.open()
+            mirror.write(_events(rd, summary, outcomes))
+            mirror.end(summary, status, int(summary.get("times", {}).get("ended_at", time.time()) * 1000))
+    except Exception as exc:  # noqa: BLE001 - the store's failure, in one line
+        log.warning("MLflow logging to %s failed: %s", uri, one_line(exc))
+        return None
+    rd.write_mlflow_record({"run_id": run_id, "tracking_uri": uri, "status": status})
+    return run_id
+
+
+def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: dict):
+    """The run's context from its saved config (its dataset and templates when still there)."""
     from omegaconf import OmegaConf
 
     from reflact import config
-    from reflact.tracking import log_run
+    from reflact.mirror import RunContext
+    from reflact.tracking import default_tracking_uri
 
-    rd = RunDir(run_dir)
-    summary = rd.summary()
-    saved = rd / HYDRA / "config.yaml"
-    if summary is None or not saved.is_file():
-        raise UserError(f"{run_dir}: not a finished run dir ({SUMMARY} and {HYDRA}/config.yaml are needed)")
     config.register()
-    cfg, params = config.from_hydra(OmegaConf.load(saved))
-    if tracking_uri:
-        cfg.mlflow.tracking_uri = tracking_uri
+    cfg, params = config.from_hydra(OmegaConf.load(rd / HYDRA / "config.yaml"))
+    cfg.mlflow.tracking_uri = tracking_uri or cfg.mlflow.tracking_uri or default_tracking_uri(launch_dir)
     hydra_yaml = rd / HYDRA / "hydra.yaml"
-    hydra_cfg = OmegaConf.load(hydra_yaml) if hydra_yaml.is_file() else None
-    sweep_dir = None
-    if hydra_cfg is not None and str(hydra_cfg.hydra.mode) == "MULTIRUN":
-        sweep_dir = (launch_dir / str(hydra_cfg.hydra.sweep.dir)).resolve()
-    return log_run(cfg, params, summary, run_dir.resolve(), launch_dir, sweep_dir)
+    hc = OmegaConf.load(hydra_yaml).hydra if hydra_yaml.is_file() else None
+    multirun = hc is not None and str(hc.mode) == "MULTIRUN"
+    dataset, system = _inputs(cfg)
+    return RunContext(
+        cfg, params, rd, launch_dir, float(summary.get("times", {}).get("started_at", time.time())), dataset, system,
+        tuple(hc.overrides.task) if hc is not None else (),
+        (launch_dir / str(hc.sweep.dir)).resolve() if multirun else None, int(hc.job.num) if multirun else None,
+        summary["settings"].get("template_hashes"),
+    )
+
+
+def _inputs(cfg):
+    """(dataset, system prompts) as the run had them, or None for what is no longer there."""
+    from reflact.dataset import load_dataset
+    from reflact.modes import get_mode
+    from reflact.prompts import resolve_system_prompts
+
+    try:
+        dataset = load_dataset(cfg.data)
+    except UserError as exc:
+        log.info("the dataset is not logged as an input: %s", exc)
+        dataset = None
+    try:
+        overrides = {"failure": cfg.prompts.error, "success": cfg.prompts.success}
+        system = resolve_system_prompts(overrides, get_mode(cfg.reflect.update_mode), cfg.reflect)
+    except UserError as exc:
+        log.info("the templates are not linked: %s", exc)
+        system = None
+    return dataset, system
+
+
+def _outcomes(summary: dict) -> list:
+    from reflact.optimizer import Usage
+    from reflact.outcome import Outcome
+
+    names = {f.name for f in fields(Outcome)}
+    outcomes = []
+    for record in summary["minibatches"]:
+        kept = {k: v for k, v in record.items() if k in names}
+        outcomes.append(Outcome(**{**kept, "usage": Usage(**record.get("usage", {}))}))
+    return outcomes
+
+
+def _events(rd: RunDir, summary: dict, outcomes: list) -> list:
+    from reflact.events import MinibatchEnded, Planned
+    from reflact.plan import Minibatch
+
+    plan = [Minibatch(record["group"], record["index"], []) for record in summary["minibatches"]]
+    return [Planned(plan), *(MinibatchEnded(o, rd.patch(o.tag)) for o in outcomes)]
 
 
 @exits_on_user_error

@@ -31,7 +31,7 @@ def sweep_runs(client, sweep_id: str):
     while True:
         page = client.search_runs(experiments, filter_string=f"tags.`reflact.sweep_id` = '{sweep_id}'",
                                   max_results=PAGE, page_token=token)
-        rows += [{"run_id": r.info.run_id, **r.data.metrics} for r in page
+        rows += [{"run_id": r.info.run_id, "status": r.info.status, **r.data.metrics} for r in page
                  if r.data.tags.get("reflact.sweep_parent") != "true"]
         token = page.token
         if not token:

@@ -1,37 +1,41 @@
-"""The Hydra entry point: `python -m reflact.run +exp=demo` (add -m for a sweep)."""
+"""The Hydra entry point: `python -m reflact.run +exp=demo` (add -m for a sweep).
+
+The job returns the run's `optimized_metric` (when set), so Hydra's sweeper plugins (Optuna...)
+can drive reflact.
+"""
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from reflact import config
-from reflact.errors import exits_on_user_error
+from reflact.errors import RunFailed, exits_on_user_error, raise_stopped_on_sigterm
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 @exits_on_user_error  # inside the job too: Hydra would wrap a mistake in its own report
-def _job(dict_cfg: DictConfig) -> None:
+def _job(dict_cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from reflact.experiment import run_experiment
+    from reflact.experiment import Launch, run_experiment
+    from reflact.summary import optimized_value
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     cfg, params = config.from_hydra(dict_cfg)
-    sweep_dir = Path(hc.sweep.dir).resolve() if hc.mode == RunMode.MULTIRUN else None
-    summary = run_experiment(
-        cfg, params, run_dir, Path(hydra.utils.get_original_cwd()), sweep_dir,
-        record_config=lambda: _record_config(dict_cfg, hc, run_dir),
-    )
-    if summary["counts"]["minibatches_failed"] and not cfg.reflect.allow_failed_minibatches:
-        print("reflact: some minibatches failed and reflect.allow_failed_minibatches=false", file=sys.stderr)
-        sys.exit(1)
+    multirun = hc.mode == RunMode.MULTIRUN
+    launch = Launch(Path(hydra.utils.get_original_cwd()), Path(hc.sweep.dir).resolve() if multirun else None,
+                    hc.job.num if multirun else None, tuple(hc.overrides.task),
+                    record_config=lambda: _record_config(dict_cfg, hc, run_dir))
+    result = run_experiment(cfg, params, run_dir, launch)
+    if result.status == "FAILED":
+        raise RunFailed(result.reason)
+    return optimized_value(cfg, result.summary)
 
 
 def _record_config(dict_cfg: DictConfig, hc: DictConfig, run_dir: Path) -> None:
@@ -48,6 +52,7 @@ def main() -> None:
     config.register()
     # Hydra then raises instead of printing a multi-line report, so user mistakes get one line
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    raise_stopped_on_sigterm()
     _job()
 
 

@@ -158,11 +158,28 @@ class RunDir:
         write_text(folder / "hydra.yaml", hydra_yaml)
         write_text(folder / "overrides.yaml", overrides_yaml)
 
-    def artifact_files(self) -> list[tuple[Path, str]]:
-        """(file, artifact folder) of the run's own files that exist, for tracking."""
+    # ------------------------------------------------------------------ what tracking mirrors
+
+    def minibatch_files(self, tag: str) -> list[tuple[Path, str]]:
+        """(file, artifact folder) of one minibatch: its prompt, replies, record and patch."""
+        folder = self.call_dir(tag)
+        files = [(path, f"calls/{tag}") for path in sorted(folder.iterdir())] if folder.is_dir() else []
+        return [pair for pair in files if not pair[0].name.startswith(".")] + [(self.patch_path(tag), "patches")]
+
+    def run_files(self) -> list[tuple[Path, str]]:
+        """(file, artifact folder) of the run's own files and previews that exist."""
         names = [(SUMMARY, "run"), (KEPT_ITEMS, "run"), (REPORT, "run"),
                  (f"{HYDRA}/config.yaml", "run/hydra"), (f"{HYDRA}/overrides.yaml", "run/hydra")]
-        return [(self / name, folder) for name, folder in names if (self / name).is_file()]
+        files = [(self / name, folder) for name, folder in names if (self / name).is_file()]
+        return files + [(path, "preview") for path in sorted(self.preview.glob("*"))]
+
+    def mlflow_record(self) -> dict:
+        """The MLflow run this dir was logged as: run_id, tracking_uri, status, digest."""
+        saved = read_json(self / MLFLOW_RUN)
+        return saved if isinstance(saved, dict) else {}
+
+    def write_mlflow_record(self, record: dict) -> None:
+        write_json(self / MLFLOW_RUN, record)
 
 
 def fingerprint(cfg: ReflactConfig, messages: list[dict]) -> str:
@@ -180,3 +197,30 @@ def fingerprint(cfg: ReflactConfig, messages: list[dict]) -> str:
         "messages": messages,
     }
     return hashlib.sha256(json.dumps(shape, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+class SweepDir:
+    """A multirun's folder: its jobs' run dirs, plus
+
+        mlflow_parent.json   the sweep's MLflow parent run
+        sweep.json           the settings its jobs share (and those they sweep)
+        report/              the grid report
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.report = self.root / "report"
+
+    def parent_record(self) -> dict:
+        saved = read_json(self.root / "mlflow_parent.json")
+        return saved if isinstance(saved, dict) else {}
+
+    def write_parent_record(self, record: dict) -> None:
+        write_json(self.root / "mlflow_parent.json", record)
+
+    def identity(self) -> dict:
+        saved = read_json(self.root / "sweep.json")
+        return saved if isinstance(saved, dict) else {}
+
+    def write_identity(self, identity: dict) -> None:
+        write_json(self.root / "sweep.json", identity)

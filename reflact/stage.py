@@ -61,7 +61,10 @@ class Stage:
         schemas = {group: reply_schema(self.mode, group, self.system.notes_allowed[group]) for group in GROUPS}
         return Asker(optimizer, self.mode, self.cfg.reflect.edit_budget, self.cfg.reflect.max_reasks,
                      output_allowance(o, self.mode), o.max_output_tokens_ceiling, o.prices.get(o.model),
-                     Spend(o.max_cost_usd), schemas, self.system.notes_allowed, self.publish)
+                     Spend(o.max_cost_usd), schemas, self.system.notes_allowed, self.publish, threading.Event())
+
+    def observe(self, observer: Observer) -> None:
+        self.publish.observers.append(observer)
 
     def run(self) -> list[Outcome]:
         """Every minibatch's outcome, failures by index then successes, whatever order they ended in."""
@@ -69,11 +72,9 @@ class Stage:
         self.publish(Planned(plan))
         self.run_dir.clean()
         outcomes: dict[str, Outcome] = {}
-        lock = threading.Lock()
 
         def ended(outcome: Outcome, patch: dict | None) -> None:
-            with lock:
-                outcomes[outcome.tag] = outcome
+            outcomes[outcome.tag] = outcome  # one key per minibatch: no lock needed
             self.publish(MinibatchEnded(outcome, patch))
 
         workers = self.cfg.reflect.workers
@@ -87,19 +88,30 @@ class Stage:
                 window.release()
 
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = []
-            for mb in plan:
-                window.acquire()
-                ready = self.prepare(mb)
-                if isinstance(ready, Ready):
-                    futures.append(pool.submit(self.execute, ready))
-                    futures[-1].add_done_callback(finished)
-                else:
-                    ended(*ready)
-                    window.release()
-            for future in futures:
-                future.result()  # a worker's exception surfaces here
+            try:
+                futures = []
+                for mb in plan:
+                    window.acquire()
+                    ready = self.prepare(mb)
+                    if isinstance(ready, Ready):
+                        futures.append(pool.submit(self.execute, ready))
+                        futures[-1].add_done_callback(finished)
+                    else:
+                        ended(*ready)
+                        window.release()
+                for future in futures:
+                    future.result()  # a worker's exception surfaces here
+            except BaseException:  # Ctrl-C, SIGTERM, or a bug in a worker
+                self.stop(pool)
+                raise
         return [outcomes[mb.tag] for mb in plan]
+
+    def stop(self, pool: ThreadPoolExecutor) -> None:
+        """No new request starts; queued minibatches are dropped and requests in flight abandoned
+        (their minibatches are recorded as failed, so a rerun of the run dir redoes them)."""
+        self.asker.stopping.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        self.asker.optimizer.close()
 
     def prepare(self, mb: Minibatch) -> Ready | tuple[Outcome, dict | None]:
         """The minibatch's prompt, written to its call dir; or its final (outcome, patch) when it

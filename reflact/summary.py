@@ -20,11 +20,43 @@ from reflact.run_report import minibatch_section, write_run_report
 from reflact.rundir import RunDir
 
 WITH_PATCH = ("done", "reused")
+# every run count in summary.json and MLflow (apply counts only in patch mode)
+RUN_METRICS = (
+    "results", "failures", "successes", "skipped", "minibatches", *(f"minibatches_{s}" for s in STATUSES),
+    "calls", "failed_calls", "reasks", "retries", "cache_hits", "edits_proposed", "edits_kept", "edits_truncated",
+    "tokens_prompt", "tokens_cached", "tokens_completion", "tokens_reasoning", "cost_usd", "spent_usd",
+    "wall_time_s", "edits_applied", "edits_fallback", "edits_skipped", "apply_share",
+)
 
 
 def apply_metrics(counts: dict) -> dict[str, float]:
     """Apply counts under their metric names: edits_applied, edits_fallback, edits_skipped, apply_share."""
     return {(key if key == "apply_share" else f"edits_{key}"): value for key, value in counts.items() if key != "total"}
+
+
+def optimized_value(cfg: ReflactConfig, summary: dict) -> float | None:
+    """The run metric named by `optimized_metric`, for sweepers that optimise it (Optuna...)."""
+    if not cfg.optimized_metric:
+        return None
+    return float(summary["counts"][cfg.optimized_metric])
+
+
+def run_status(counts: dict, cfg: ReflactConfig, outcomes: list[Outcome], run_dir) -> tuple[str, str]:
+    """FINISHED, or FAILED and why (with what to check): no minibatch produced a patch, or one
+    finally failed while reflect.allow_failed_minibatches=false. A dry run makes no patch by design."""
+    failed = [o for o in outcomes if o.status == "failed"]
+    first = f"; first error: {failed[0].error}" if failed else ""
+    rerun = f"rerun with hydra.run.dir={run_dir} to redo only those"
+    if cfg.optimizer.dry_run:
+        return "FINISHED", ""
+    if counts["minibatches"] > counts["minibatches_skipped"] and not counts["minibatches_done"] + counts["minibatches_reused"]:
+        return "FAILED", (f"no minibatch produced a patch ({counts['minibatches_failed']} failed, "
+                          f"{counts['minibatches_not_run']} not run{first}); check optimizer.base_url, optimizer.model "
+                          f"and the key in ${cfg.optimizer.api_key_env}, then {rerun}")
+    if failed and not cfg.reflect.allow_failed_minibatches:
+        return "FAILED", (f"{len(failed)} minibatch(es) failed and reflect.allow_failed_minibatches=false{first}; "
+                          f"{rerun}")
+    return "FINISHED", ""
 
 
 def settings(cfg: ReflactConfig, template_hashes: dict[str, str]) -> dict:
@@ -88,7 +120,7 @@ def kept_rows(outcome: Outcome, patch: dict, mode: Mode, preview: Preview | None
 def summarize(run_dir: RunDir, cfg: ReflactConfig, dataset: Dataset, mode: Mode, outcomes: list[Outcome],
               template_hashes: dict, started: float, clock) -> dict:
     """Writes the previews, kept items, summary and report; returns the summary.
-    `clock() - started` is the run's wall time when the summary is made."""
+    `started` is when the run started by `clock` (epoch seconds: time.time)."""
     previews: dict[str, Preview] = {}
     with run_dir.kept_items_writer() as kept, tempfile.TemporaryFile("w+", encoding="utf-8") as sections:
         for o in outcomes:
@@ -101,6 +133,7 @@ def summarize(run_dir: RunDir, cfg: ReflactConfig, dataset: Dataset, mode: Mode,
                 kept.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
             sections.write(minibatch_section(o, patch, rows, mode.payload_key))
         summary = make_summary(cfg, dataset, outcomes, previews, template_hashes, clock() - started)
+        summary["times"] = {"started_at": started, "ended_at": clock()}
         run_dir.write_summary(summary)
         sections.seek(0)
         write_run_report(run_dir, summary, sections)

@@ -1,78 +1,160 @@
-"""A multirun as one MLflow group: a parent run per sweep, opened before the jobs start.
+"""A multirun as one MLflow group: a parent run per sweep, opened before the jobs start and ended
+with them, FINISHED, FAILED or KILLED, never left RUNNING.
 
-Hydra runs this callback in the launching process. Opening the parent there also creates the
-experiment, which migrates a fresh sqlite store once, before parallel jobs could race on it.
-Hydra only warns when a callback fails, so jobs do not rely on the parent: each also carries
-the sweep id as a tag, and `python -m reflact.report` groups by that tag.
+Hydra runs this callback in the launching process. The sweep dir remembers the settings its jobs
+share: a later sweep into the same dir with other fixed settings (data, model, mode, templates...)
+is refused, so a sweep's runs and its grid report never mix them. Opening the parent also creates
+the experiment, which migrates a fresh sqlite store once, before parallel jobs could race on it.
+Hydra only warns when a callback raises an Exception, so jobs do not rely on the parent: each
+also carries the sweep id as a tag, and `python -m reflact.report` groups by that tag.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from reflact.files import read_json, write_json
+from reflact.errors import UserError, exits_on_user_error
+from reflact.rundir import SweepDir
 
 log = logging.getLogger("reflact")
 
 
 class MlflowSweep(Callback):
+    def __init__(self) -> None:
+        self._open: tuple | None = None  # (store, sweep dir) while the parent is RUNNING
+
+    @exits_on_user_error  # a mismatch ends the sweep with one line and exit 2 (Hydra only warns)
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        if not config.mlflow.enabled:
-            return
-        from reflact.tracking import PARENT_FILE, experiment_id, sweep_id
-
-        uri, sweep_dir, launch_dir = _where(config)
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(tracking_uri=uri)
-        exp_id = experiment_id(client, config.mlflow.experiment, uri, launch_dir)
-        known = read_json(sweep_dir / PARENT_FILE)
-        if isinstance(known, dict) and known.get("tracking_uri") == uri and _alive(client, known["run_id"]):
-            client.update_run(known["run_id"], status="RUNNING")  # the same sweep again: resume its parent
-            return
-        sid = sweep_id(sweep_dir, launch_dir)
-        run = client.create_run(exp_id, run_name=f"sweep {config.name}", tags={"reflact.sweep_id": sid,
-                                                                                 "reflact.sweep_parent": "true"})
-        write_json(sweep_dir / PARENT_FILE, {"run_id": run.info.run_id, "tracking_uri": uri, "sweep_id": sid})
-        log.info("MLflow parent run %s for sweep %s", run.info.run_id, sid)
+        sweep_dir, launch_dir = _where(config)
+        fixed, swept = sweep_settings(config)
+        check_identity(SweepDir(sweep_dir), fixed, swept)
+        if config.mlflow.enabled:
+            self._start_parent(config, sweep_dir, launch_dir, fixed, swept)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        if not config.mlflow.enabled:
+        if self._open is None:
             return
         from reflact.report import report_sweep
-        from reflact.tracking import PARENT_FILE
 
-        uri, sweep_dir, _ = _where(config)
-        parent = read_json(sweep_dir / PARENT_FILE)
-        if not isinstance(parent, dict):
-            log.warning("no MLflow parent run was opened for this sweep; no report logged")
-            return
-        from mlflow.tracking import MlflowClient
+        store, sweep = self._open
+        report_sweep(store.client, sweep.parent_record()["sweep_id"], sweep.report, store.run_id)
+        self._end(status_of_children(store, sweep, aborted=False))
 
-        client = MlflowClient(tracking_uri=uri)
-        report_sweep(client, parent["sweep_id"], sweep_dir / "report", parent_run_id=parent["run_id"])
-        client.set_terminated(parent["run_id"], "FINISHED")
+    def _start_parent(self, config: DictConfig, sweep_dir: Path, launch_dir: Path, fixed: dict, swept: dict) -> None:
+        from reflact.tracking import Store, sweep_id, tracking_uri
+
+        cfg = _typed(config)
+        store = Store(tracking_uri(cfg, launch_dir), cfg.mlflow.experiment, launch_dir)
+        sweep = SweepDir(sweep_dir)
+        known = sweep.parent_record()
+        if known.get("tracking_uri") == store.uri and _alive(store, known["run_id"]):
+            store.run_id = known["run_id"]
+            store.client.update_run(store.run_id, status="RUNNING")  # the same sweep again: resume its parent
+        else:
+            sid = sweep_id(sweep_dir, launch_dir)
+            store.create(f"sweep {config.name}", {"reflact.sweep_id": sid, "reflact.sweep_parent": "true"},
+                         _now_ms())
+            sweep.write_parent_record({"run_id": store.run_id, "tracking_uri": store.uri, "sweep_id": sid})
+            store.log_params({**fixed, **{key: ",".join(values) for key, values in swept.items()}})
+            log.info("MLflow parent run %s for sweep %s", store.run_id, sid)
+        self._open = (store, sweep)
+        atexit.register(self._end_if_open)  # a sweep that aborts (a failed job, Ctrl-C) still ends its parent
+
+    def _end_if_open(self) -> None:
+        if self._open is not None:
+            store, sweep = self._open
+            try:
+                self._end(status_of_children(store, sweep, aborted=True))
+            except Exception as exc:  # noqa: BLE001 - the process is ending: say so, do not raise
+                log.warning("could not end the sweep's MLflow parent run %s: %s", store.run_id, exc)
+
+    def _end(self, status: str) -> None:
+        store, sweep = self._open
+        self._open = None
+        store.end(status, _now_ms())
 
 
-def _where(config: DictConfig) -> tuple[str, Path, Path]:
-    """(tracking URI, sweep dir, launch dir) for this multirun."""
+def sweep_settings(config: DictConfig) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """(the settings every job shares, as params; the swept keys and their values). Settings that do
+    not change results (the keys left out of job folder names: workers, cache, tracking...) are left out."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from reflact.config import params
+
+    swept: dict[str, list[str]] = {}
+    for override in OverridesParser.create().parse_overrides(list(config.hydra.overrides.task)):
+        if override.is_sweep_override():
+            swept[override.key_or_group] = override.input_line.split("=", 1)[1].split(",")
+    for key, values in (config.hydra.sweeper.get("params") or {}).items():
+        swept[str(key)] = str(values).split(",")
+    ignored = set(config.hydra.job.config.override_dirname.exclude_keys) | set(swept)
+    fixed = {k: v for k, v in params(_typed(config)).items()
+             if k not in ignored and not k.startswith("mlflow.") and k != "name"}
+    return fixed, swept
+
+
+def check_identity(sweep: SweepDir, fixed: dict[str, str], swept: dict[str, list[str]]) -> None:
+    """Refuses a sweep into a dir whose earlier sweep fixed a shared setting to another value;
+    a key swept by either (say, more seeds another day) may differ."""
+    earlier = sweep.identity()
+    old = earlier.get("fixed", {})
+    differing = [k for k in sorted(set(old) & set(fixed)) if old[k] != fixed[k]]
+    if differing:
+        shown = "; ".join(f"{k}: {old[k]!r} there, {fixed[k]!r} now" for k in differing[:3])
+        raise UserError(f"{sweep.root} holds a sweep with other fixed settings ({shown}); give this sweep its own "
+                        "name=... (or hydra.sweep.dir=...)")
+    sweep.write_identity({"fixed": {**old, **fixed}, "swept": {**earlier.get("swept", {}), **swept}})
+
+
+def status_of_children(store, sweep: SweepDir, aborted: bool) -> str:
+    """KILLED if a job was stopped; FAILED if one failed (or the sweep aborted); else FINISHED.
+    Also logs the parent's metrics over its jobs, so a collapsed sweep still charts."""
+    from reflact.report import sweep_runs
+
+    runs = sweep_runs(store.client, sweep.parent_record().get("sweep_id", ""))
+    statuses = list(runs["status"]) if "status" in runs else []
+    metrics = {"jobs": len(statuses), **{f"jobs_{s.lower()}": statuses.count(s) for s in ("FINISHED", "FAILED",
+                                                                                            "KILLED")}}
+    for key, how in (("cost_usd", "sum"), ("spent_usd", "sum"), ("calls", "sum"), ("edits_kept", "mean"),
+                     ("apply_share", "mean")):
+        if key in runs and runs[key].notna().any():
+            metrics[f"{key}_{how}"] = float(getattr(runs[key], how)())
+    store.log_metrics([(k, float(v), 0) for k, v in metrics.items()], _now_ms())
+    if "KILLED" in statuses:
+        return "KILLED"
+    return "FAILED" if aborted or "FAILED" in statuses or "RUNNING" in statuses else "FINISHED"
+
+
+def _typed(config: DictConfig):
+    from reflact.config import from_hydra
+
+    job_config = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+    return from_hydra(job_config)[0]
+
+
+def _where(config: DictConfig) -> tuple[Path, Path]:
+    """(sweep dir, launch dir) for this multirun."""
     from hydra.core.hydra_config import HydraConfig
 
-    from reflact.tracking import default_tracking_uri
-
     HydraConfig.instance().set_config(config)  # lets `${hydra:...}` in the sweep dir resolve
-    launch_dir = Path.cwd()
     sweep_dir = Path(config.hydra.sweep.dir).resolve()
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    return config.mlflow.tracking_uri or default_tracking_uri(launch_dir), sweep_dir, launch_dir
+    return sweep_dir, Path.cwd()
 
 
-def _alive(client, run_id: str) -> bool:
+def _alive(store, run_id: str) -> bool:
     try:
-        return client.get_run(run_id).info.lifecycle_stage == "active"
+        return store.client.get_run(run_id).info.lifecycle_stage == "active"
     except Exception:  # noqa: BLE001 - deleted or from another store
         return False
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)

@@ -1,60 +1,267 @@
-"""Logging a finished run dir to MLflow: params, metrics, per-minibatch series, artifacts.
+"""What a run looks like in MLflow: its name, tags, params, metrics, dataset, prompts, artifacts and
+traces, and the store they are written to. Used live, as the run goes (reflact.live), and by
+`python -m reflact.relog` for a finished run dir; both write the same names and values.
 
-It reads only what the stage already wrote locally, so a tracking failure never costs a
-paid-for reply: the run dir stays complete and the run ends with a warning.
+mlflow is imported only inside `Store` (it takes ~1.6 s): the live tracker opens the store on its
+own thread while the first calls are in flight.
 """
 
 from __future__ import annotations
 
+import contextlib
+import getpass
+import hashlib
 import json
 import logging
 import os
+import shutil
+import subprocess
+from dataclasses import asdict
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
+from reflact import __version__
 from reflact.config import ReflactConfig
-from reflact.files import read_json, write_json
 from reflact.modes import get_mode
-from reflact.rundir import MLFLOW_RUN, RunDir
 from reflact.summary import apply_metrics
 
 log = logging.getLogger("reflact")
 
-PARENT_FILE = "mlflow_parent.json"  # in a sweep dir: the sweep's parent run
-MINIBATCH_METRICS = ("analysed", "skipped", "proposed", "kept", "truncated", "calls", "failed_calls", "reasks",
-                     "retries", "cache_hits", "parts", "shortened", "cost_usd", "spent_usd", "latency_s")
+# per-minibatch series (step = the minibatch's position in the plan); the rest of its record is
+# in its outcome.json artifact: fewer rows keep large runs fast to log and to chart
+SERIES = ("analysed", "proposed", "kept", "truncated", "reasks", "retries", "calls", "cache_hits", "cost_usd",
+          "spent_usd", "latency_s")
+SERIES_TOKENS = ("prompt", "completion")
+# what a dry run only estimates, logged under names of their own
+ESTIMATED = ("cost_usd", "tokens_prompt", "tokens_completion", "tokens_cached", "tokens_reasoning")
+SHORT_MODE = {"patch": "patch", "rewrite_from_suggestions": "rewrite", "full_rewrite_minibatch": "full_rewrite"}
 
 
 def default_tracking_uri(launch_dir: Path) -> str:
     return f"sqlite:///{(launch_dir / 'outputs' / 'mlflow.db').resolve()}"
 
 
-def run_metrics(summary: dict) -> dict[str, float]:
-    s = summary["settings"]
-    metrics = {
-        "M": s["minibatch_size"],
-        "L": s["edit_budget"],
-        "seed": s["seed"],
-        "mode": get_mode(s["update_mode"]).number,  # 0 patch, 1 rewrite, 2 full rewrite
-    }
-    metrics.update({k: float(v) for k, v in summary["counts"].items()})
+def tracking_uri(cfg: ReflactConfig, launch_dir: Path) -> str:
+    return cfg.mlflow.tracking_uri or default_tracking_uri(launch_dir)
+
+
+def run_name(cfg: ReflactConfig, job: int | None = None) -> str:
+    """What tells runs apart at a glance: `patch M8 L4 s42`, `#3` for a sweep's job, `dry run`."""
+    r = cfg.reflect
+    name = f"{SHORT_MODE[r.update_mode]} M{r.minibatch_size} L{r.edit_budget} s{r.seed}"
+    name += f" #{job}" if job is not None else ""
+    return name + (" dry run" if cfg.optimizer.dry_run else "")
+
+
+def setting_metrics(cfg: ReflactConfig) -> dict[str, float]:
+    """M, L, seed and mode as metrics too, so charts and the compare view can use them as axes."""
+    r = cfg.reflect
+    return {"M": r.minibatch_size, "L": r.edit_budget, "seed": r.seed, "mode": get_mode(r.update_mode).number}
+
+
+def total_metrics(counts: dict, dry_run: bool) -> dict[str, float]:
+    """Run counts as metrics; a dry run's tokens and cost are estimates and say so in their names."""
+    metrics = {}
+    for key, value in counts.items():
+        if dry_run and key in ESTIMATED:
+            key = f"estimated_{key}"
+        elif dry_run and key == "spent_usd":
+            continue
+        metrics[key] = float(value)
     return metrics
 
 
-def minibatch_series(summary: dict) -> list[tuple[str, float, int]]:
-    """(key, value, step) for every minibatch, step = its position in the run's order."""
-    rows = []
-    for step, mb in enumerate(summary["minibatches"]):
-        for key in MINIBATCH_METRICS:
-            rows.append((f"minibatch/{key}", float(mb[key]), step))
-        for key, value in mb["usage"].items():
-            rows.append((f"minibatch/tokens_{key}", float(value), step))
-        for key, value in apply_metrics(mb.get("apply", {})).items():
-            rows.append((f"minibatch/{key}", float(value), step))
-    return rows
+def minibatch_metrics(record: dict) -> dict[str, float]:
+    """One minibatch's series values from its record (reflact.outcome.Outcome as a dict)."""
+    metrics = {f"minibatch/{key}": float(record[key]) for key in SERIES if key in record}
+    metrics.update({f"minibatch/tokens_{key}": float(record["usage"][key]) for key in SERIES_TOKENS})
+    metrics.update({f"minibatch/{key}": float(value) for key, value in apply_metrics(record.get("apply") or {}).items()})
+    return metrics
 
 
-def tracking_uri(cfg: ReflactConfig, launch_dir: Path) -> str:
-    return cfg.mlflow.tracking_uri or default_tracking_uri(launch_dir)
+def context_tags(cfg: ReflactConfig, run_dir: Path, launch_dir: Path, overrides: list[str]) -> dict[str, str]:
+    """MLflow's standard context tags, and reflact's own."""
+    tags = {
+        "mlflow.user": _user(),
+        "mlflow.source.type": "LOCAL",
+        "mlflow.source.name": "reflact",
+        "reflact.version": __version__,
+        "reflact.run_dir": str(run_dir),
+        "reflact.overrides": " ".join(overrides),
+        "reflact.dry_run": str(cfg.optimizer.dry_run).lower(),
+    }
+    commit = git_commit(launch_dir)
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (containers)
+        return str(os.getuid())
+
+
+def git_commit(folder: Path) -> str | None:
+    """The commit checked out where the run was launched, when that is a git checkout."""
+    try:
+        done = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def dataset_digest(skill_path: Path, results_path: Path, conversations: list[Path]) -> str:
+    """A digest of the dataset's contents: the skill, the results file and every conversation."""
+    digest = hashlib.sha256()
+    for path in (skill_path, results_path, *conversations):
+        digest.update(path.name.encode("utf-8") + b"\0")
+        if path.is_file():
+            with open(path, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def prompt_name(group: str, mode: str, skill_aware: bool, overridden: bool) -> str:
+    """The prompt registry's name of a system prompt: a new version only when its text changes."""
+    name = f"reflact.{group}.{SHORT_MODE[mode]}"
+    return name + (".skill_aware" if skill_aware else "") + (".custom" if overridden else "")
+
+
+class Store:
+    """One MLflow tracking store, and the run being written to it. Every method may raise: the
+    callers (live tracking, relog) turn a failure into a warning and the run dir stays complete."""
+
+    def __init__(self, uri: str, experiment: str, launch_dir: Path) -> None:
+        # MLflow's default (7 retries with backoff) would hold a run for minutes when a tracking
+        # server is down; the outputs are safe on disk, so give up sooner (unless the user set it)
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its notes on migrating a fresh store
+        from mlflow.tracking import MlflowClient
+
+        self.uri = uri
+        self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        self.experiment_id = experiment_id(self.client, experiment, uri, launch_dir)
+        self.run_id = ""
+        self._artifact_dir: Path | None = None
+
+    def retire(self, run_dir: Path) -> int:
+        """Ends and deletes every active run logged for `run_dir` before (a rerun replaces its run,
+        whatever moment the earlier process died at): one run dir, one active MLflow run."""
+        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`reflact.run_dir` = "
+                                       f"'{_quoted(str(run_dir))}'", max_results=1000)
+        for run in runs:
+            if run.info.status == "RUNNING":
+                self.client.set_terminated(run.info.run_id, "KILLED")
+            self.client.delete_run(run.info.run_id)
+        return len(runs)
+
+    def create(self, name: str, tags: dict[str, str], start_ms: int) -> str:
+        run = self.client.create_run(self.experiment_id, start_time=start_ms, tags=tags, run_name=name)
+        self.run_id = run.info.run_id
+        self._artifact_dir = _local_dir(run.info.artifact_uri)
+        return self.run_id
+
+    def log_params(self, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in params.items()]
+        for start in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[start : start + 100], synchronous=True)
+
+    def log_metrics(self, rows: list[tuple[str, float, int]], timestamp_ms: int) -> None:
+        from mlflow.entities import Metric
+
+        metrics = [Metric(key, value, timestamp_ms, step) for key, value, step in rows]
+        for start in range(0, len(metrics), 1000):
+            self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
+
+    def log_files(self, files: list[tuple[Path, str]]) -> None:
+        """(file, artifact folder) pairs. A local artifact store gets hard links where it can: the
+        run dir already holds the bytes, and its files are only ever replaced, never rewritten."""
+        for path, folder in files:
+            if not path.is_file():
+                continue
+            if self._artifact_dir is None:
+                self.client.log_artifact(self.run_id, str(path), folder)
+                continue
+            target = self._artifact_dir / folder / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.unlink(missing_ok=True)
+            try:
+                os.link(path, target)
+            except OSError:  # another file system, or links not allowed
+                shutil.copyfile(path, target)
+
+    def log_table(self, table: dict[str, list], name: str) -> None:
+        self.client.log_table(self.run_id, table, name)
+
+    def log_dataset(self, name: str, digest: str, source: str, profile: dict) -> None:
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        dataset = Dataset(name=name, digest=digest, source_type="local", source=json.dumps({"uri": source}),
+                          profile=json.dumps(profile))
+        self.client.log_inputs(self.run_id, [DatasetInput(dataset, [InputTag("mlflow.data.context", "reflect")])])
+
+    def link_prompt(self, name: str, text: str, template_hash: str) -> None:
+        """Registers `text` under `name` unless its latest version holds it already; links it to the run."""
+        try:
+            version = self.client.load_prompt(f"prompts:/{name}@latest")
+        except Exception:  # noqa: BLE001 - not registered yet
+            version = None
+        if version is None or version.template != text:
+            version = self.client.register_prompt(name=name, template=text, commit_message=f"hash {template_hash}",
+                                                  tags={"reflact.template_hash": template_hash})
+        self.client.link_prompt_version_to_run(self.run_id, version)
+
+    def trace(self, event, model: str) -> None:
+        """One request as an MLflow trace, linked to the run: the exact messages, the reply or the
+        error, tokens, latency, retries and whether the cache answered."""
+        reply = event.reply
+        started = reply.started_at if reply is not None else event.ended_at
+        span = self.client.start_trace(
+            name=event.tag, span_type="LLM", inputs={"messages": event.messages}, experiment_id=self.experiment_id,
+            run_id=self.run_id, start_time_ns=int(started * 1e9),
+            tags={"reflact.minibatch": event.tag, "reflact.request": str(event.number)},
+            attributes={"model": model, "request": event.number},
+        )
+        if reply is None:
+            self.client.end_trace(span.trace_id, outputs={"error": event.error}, status="ERROR",
+                                  end_time_ns=int(event.ended_at * 1e9))
+            return
+        attributes = {f"tokens_{k}": v for k, v in asdict(reply.usage).items()}
+        attributes.update({"latency_s": round(reply.latency_s, 3), "retries": reply.retries,
+                           "from_cache": reply.from_cache, "finish_reason": reply.finish_reason or "",
+                           "structured_output": reply.structured, "cost_usd": event.cost_usd})
+        self.client.end_trace(span.trace_id, outputs={"reply": reply.text}, attributes=attributes,
+                              end_time_ns=int((started + reply.latency_s) * 1e9))
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(self.run_id, key, value)
+
+    def end(self, status: str, end_ms: int) -> None:
+        self.client.set_terminated(self.run_id, status, end_time=end_ms)
+
+
+@contextlib.contextmanager
+def mlflow_globals_at(uri: str):
+    """Traces and prompt links follow MLflow's global tracking URI: point it at the run's store
+    while they are written, then restore what it was."""
+    try:
+        from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+    except ImportError:  # a later MLflow moved it: fall back to setting it (not restored)
+        import mlflow
+
+        mlflow.set_tracking_uri(uri)
+        yield
+        return
+    with _use_tracking_uri(uri):
+        yield
 
 
 def experiment_id(client, name: str, uri: str, launch_dir: Path) -> str:
@@ -64,7 +271,20 @@ def experiment_id(client, name: str, uri: str, launch_dir: Path) -> str:
         return found.experiment_id
     # a local sqlite store keeps its artifacts beside it under outputs/, not in ./mlruns
     location = (launch_dir / "outputs" / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") else None
-    return client.create_experiment(name, artifact_location=location)
+    # the UI then opens on its runs table (model development), not on its GenAI views
+    return client.create_experiment(name, artifact_location=location,
+                                    tags={"mlflow.experimentKind": "custom_model_development"})
+
+
+def _local_dir(artifact_uri: str) -> Path | None:
+    parsed = urlparse(artifact_uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    return Path(artifact_uri) if parsed.scheme == "" else None
+
+
+def _quoted(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
 
 
 def sweep_id(sweep_dir: Path, launch_dir: Path) -> str:
@@ -75,132 +295,6 @@ def sweep_id(sweep_dir: Path, launch_dir: Path) -> str:
         return str(sweep_dir.resolve())
 
 
-def log_run(
-    cfg: ReflactConfig, params: dict[str, str], summary: dict, run_dir: Path, launch_dir: Path, sweep_dir: Path | None = None
-) -> str | None:
-    """Log the run; returns its MLflow run id, or None (with a warning) when tracking failed.
-
-    A run dir logged before (a rerun) replaces its earlier MLflow run, which is deleted, so
-    a resumed run or sweep shows each run dir once. In a sweep the run is a child of the
-    sweep's parent run and carries the sweep id as a tag either way.
-    """
-    uri = tracking_uri(cfg, launch_dir)
-    # MLflow's default (7 retries with backoff) would hold a finished run for minutes when the
-    # server is down; the outputs are safe on disk, so give up sooner (unless the user set it)
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-    try:
-        return _log(uri, cfg, params, summary, run_dir, launch_dir, sweep_dir)
-    except Exception as exc:  # noqa: BLE001 - tracking must never lose the local results
-        log.warning(
-            "MLflow logging to %s failed (%s): nothing of this run was logged there. Its outputs are complete "
-            "in %s; log them later with: python -m reflact.relog %s", uri, _one_line(exc), run_dir, run_dir,
-        )
-        return None
-
-
-def _log(uri: str, cfg: ReflactConfig, params: dict[str, str], summary: dict, run_dir: Path, launch_dir: Path,
-         sweep_dir: Path | None) -> str:
-    import mlflow
-    from mlflow.entities import Metric, Param
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
-    exp_id = experiment_id(client, cfg.mlflow.experiment, uri, launch_dir)
-    tags = {"reflact.run_dir": str(run_dir)}
-    run_name = run_dir.name
-    if sweep_dir is not None:
-        tags["reflact.sweep_id"] = sweep_id(sweep_dir, launch_dir)
-        parent = read_json(sweep_dir / PARENT_FILE)
-        if isinstance(parent, dict) and parent.get("tracking_uri") == uri:
-            tags["mlflow.parentRunId"] = parent["run_id"]
-        else:
-            log.warning("no MLflow parent run for sweep %s; the run is tagged reflact.sweep_id instead",
-                        tags["reflact.sweep_id"])
-    earlier = read_json(run_dir / MLFLOW_RUN)
-    run = client.create_run(exp_id, run_name=run_name, tags=tags)
-    run_id = run.info.run_id
-    write_json(run_dir / MLFLOW_RUN, {"run_id": run_id, "tracking_uri": uri})
-    if isinstance(earlier, dict) and earlier.get("tracking_uri") == uri:
-        _delete(client, earlier["run_id"])
-    status = "FAILED"
-    try:
-        items = [Param(k, v) for k, v in params.items()]
-        items += [Param(f"template_hash.{g}", h) for g, h in summary["settings"]["template_hashes"].items()]
-        for start in range(0, len(items), 100):
-            client.log_batch(run_id, params=items[start : start + 100])
-        now = int(mlflow.utils.time.get_current_time_millis())
-        metrics = [Metric(k, v, now, 0) for k, v in run_metrics(summary).items()]
-        metrics += [Metric(k, v, now, step) for k, v, step in minibatch_series(summary)]
-        for start in range(0, len(metrics), 1000):
-            client.log_batch(run_id, metrics=metrics[start : start + 1000])
-        rd = RunDir(run_dir)
-        for folder in (rd.patches, rd.calls, rd.preview):
-            if folder.is_dir():
-                client.log_artifacts(run_id, str(folder), folder.name)
-        for path, folder in rd.artifact_files():
-            client.log_artifact(run_id, str(path), folder)
-        rows = list(rd.kept_items())
-        if rows:
-            client.log_table(run_id, _kept_table(rows), "kept_items.json")
-        if cfg.mlflow.trace_calls:
-            mlflow.set_tracking_uri(uri)  # the trace exporter writes to the global tracking store
-            _log_traces(client, exp_id, run_id, summary, rd)
-        status = "FINISHED"
-    finally:
-        client.set_terminated(run_id, status)
-    return run_id
-
-
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= 300 else text[:299] + "…"
-
-
-def _delete(client, run_id: str) -> None:
-    try:
-        client.delete_run(run_id)
-    except Exception:  # noqa: BLE001 - already gone: nothing to replace
-        pass
-
-
-def _kept_table(rows: list[dict]) -> dict[str, list]:
-    return {
-        "minibatch": [r["minibatch"] for r in rows],
-        "position": [r["position"] for r in rows],
-        "trajectory_ids": [", ".join(r["trajectory_ids"]) for r in rows],
-        "item": [json.dumps(r["item"], ensure_ascii=False) for r in rows],
-        "apply_status": [r.get("apply", {}).get("status", "") for r in rows],
-    }
-
-
-def _log_traces(client, experiment_id: str, run_id: str, summary: dict, run_dir: RunDir) -> None:
-    """One trace per optimizer call (prompt, reply, tokens), rebuilt from the run dir after the
-    stage, so tracing adds nothing to the calls' path."""
-    import mlflow
-
-    for mb in summary["minibatches"]:
-        if not mb["call_log"]:
-            continue
-        system = run_dir.read_text(run_dir.system_path(mb["tag"]))
-        user = run_dir.read_text(run_dir.user_path(mb["tag"], 1))
-        for attempt, call in enumerate(mb["call_log"], 1):
-            if "error" in call:
-                continue
-            start_ns = int(call["started_at"] * 1e9)
-            span = client.start_trace(
-                name=mb["tag"], span_type="LLM", experiment_id=experiment_id, run_id=run_id,
-                inputs={"system": system, "user": user, "attempt": attempt, "messages": call["messages"]},
-                attributes={"max_output_tokens": call["max_output_tokens"], "from_cache": call["from_cache"]},
-                start_time_ns=start_ns,
-            )
-            client.end_trace(
-                span.trace_id,
-                outputs={"reply": run_dir.read_text(run_dir.reply_path(mb["tag"], attempt)),
-                         "finish_reason": call["finish_reason"]},
-                attributes={f"tokens_{k}": v for k, v in call["usage"].items()},
-                end_time_ns=start_ns + int(call["latency_s"] * 1e9),
-            )
-    flush = getattr(mlflow, "flush_trace_async_logging", None)
-    if flush:
-        flush()

@@ -19,7 +19,7 @@ import pytest
 from reflact import ratelimit
 from reflact.client import is_transient, make_client, retry_after_s
 from reflact.dataset import load_dataset
-from reflact.experiment import run_experiment
+from reflact.experiment import Launch, run_experiment
 from reflact.modes import get_mode
 from reflact.optimizer import DryRunEstimator
 from reflact.patches import check_reply
@@ -709,7 +709,7 @@ def test_dry_run_calls_nothing_and_estimates_cost(tmp_path, server, dataset):
 def test_dry_run_experiment_logs_a_cost_estimate(tmp_path, server, dataset, caplog):
     cfg = config(tmp_path, server, dataset, *PRICED, "optimizer.dry_run=true", "mlflow.enabled=false")
     with caplog.at_level(logging.INFO, logger="reflact"):
-        summary = run_experiment(cfg, {}, tmp_path / "run", tmp_path)
+        summary = run_experiment(cfg, {}, tmp_path / "run", Launch(tmp_path)).summary
     assert server.count == 0
     assert summary["counts"]["minibatches_dry_run"] == N_MINIBATCHES and summary["counts"]["calls"] == 0
     assert summary["counts"]["cost_usd"] > 0

@@ -32,9 +32,9 @@ class PagedStore:
     """A stand-in MLflow client holding `n` job runs and a parent, served PAGE at a time."""
 
     def __init__(self, n: int) -> None:
-        parent = SimpleNamespace(info=SimpleNamespace(run_id="parent"),
+        parent = SimpleNamespace(info=SimpleNamespace(run_id="parent", status="RUNNING"),
                                  data=SimpleNamespace(metrics={}, tags={"reflact.sweep_parent": "true"}))
-        jobs = [SimpleNamespace(info=SimpleNamespace(run_id=f"r{i}"),
+        jobs = [SimpleNamespace(info=SimpleNamespace(run_id=f"r{i}", status="FINISHED"),
                                 data=SimpleNamespace(metrics={"M": 4, "L": 2, "mode": 0, "edits_kept": i % 3},
                                                      tags={})) for i in range(n)]
         self.runs = [parent, *jobs]

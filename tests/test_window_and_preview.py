@@ -6,7 +6,7 @@ import json
 
 from reflact.client import make_client
 from reflact.dataset import load_dataset
-from reflact.experiment import run_experiment
+from reflact.experiment import Launch, run_experiment
 from reflact.stage import Stage
 from reflact.rundir import RunDir
 from tests.conftest import make_config, write_dataset
@@ -73,7 +73,7 @@ def test_preview_and_report_show_what_each_edit_would_do(tmp_path, server):
     server.script = lambda r, n: Response(body=chat_body(json.dumps(reply)))
     cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
                       "optimizer.cache=off", "mlflow.enabled=false")
-    summary = run_experiment(cfg, {}, tmp_path / "run", tmp_path)
+    summary = run_experiment(cfg, {}, tmp_path / "run", Launch(tmp_path)).summary
     run = tmp_path / "run"
     candidate = (run / "preview" / "minibatch_fail_000.skill.md").read_text()
     assert "Look up the order first." in candidate and "Re-read the refund amount" in candidate
