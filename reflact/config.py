@@ -170,18 +170,17 @@ class ReflactConfig:
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
 
-PROJECT_DIR = Path(__file__).resolve().parent.parent
-
-
 def register() -> None:
-    """Make the schema available to conf/config.yaml's defaults list, and `${project_dir:}`
-    to configs that name files shipped with the project (the demo dataset)."""
+    """Make the schema available to conf/config.yaml's defaults list, and `${shipped:demo}`
+    to configs that name files shipped with reflact (the demo dataset), wherever it is installed."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
+    from reflact.shipped import shipped_dir
+
     ConfigStore.instance().store(name="reflact_schema", node=ReflactConfig)
-    if not OmegaConf.has_resolver("project_dir"):
-        OmegaConf.register_new_resolver("project_dir", lambda: str(PROJECT_DIR))
+    if not OmegaConf.has_resolver("shipped"):
+        OmegaConf.register_new_resolver("shipped", lambda name: str(shipped_dir(name)))
 
 
 def from_hydra(dict_cfg) -> tuple[ReflactConfig, dict[str, str]]:

@@ -11,8 +11,9 @@ from reflact.config import AppendixSource, ReflectConfig
 from reflact.errors import UserError
 from reflact.modes import Mode
 from reflact.render import BLOCK_DIVIDER
+from reflact.shipped import prompts_dir
 
-PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
+PROMPTS_DIR = prompts_dir()
 GROUP_TEMPLATE = {"failure": "analyst_error", "success": "analyst_success"}
 GROUP_HEADING = {"failure": "Failed Trajectories", "success": "Successful Trajectories"}
 _PATH_SUFFIXES = (".md", ".markdown", ".txt", ".text", ".rst")

@@ -12,11 +12,11 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from reflact import config
+from reflact import config, shipped
 from reflact.errors import RunFailed, exits_on_user_error, raise_stopped_on_sigterm
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=str(shipped.conf_dir()), config_name="config", version_base="1.3")
 @exits_on_user_error  # inside the job too: Hydra would wrap a mistake in its own report
 def _job(dict_cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
