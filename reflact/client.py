@@ -33,11 +33,28 @@ log = logging.getLogger("reflact")
 
 
 def redact(text: str, secret: str) -> str:
-    """Error texts can echo the key (or a part of it); none of it may reach a log or a file."""
+    """Error texts can echo the key (or its last 8 characters), also URL-encoded or JSON-escaped
+    when a server quotes the request back; none of it may reach a log or a file."""
     if not secret:
         return text
-    text = text.replace(secret, "***")
-    return text.replace(secret[-8:], "***") if len(secret) >= 16 else text
+    import re
+
+    def hex_digits(number: int, width: int) -> str:  # either case: %2f and %2F, \u002f and \u002F
+        return "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in f"{number:0{width}x}")
+
+    def char(ch: str) -> str:
+        forms = [re.escape(ch), "".join("%" + hex_digits(byte, 2) for byte in ch.encode("utf-8"))]
+        if ord(ch) <= 0xFFFF:
+            forms.append(r"\\u" + hex_digits(ord(ch), 4))
+        if ch in '/"\\':
+            forms.append(re.escape("\\" + ch))
+        if ch == " ":
+            forms.append(r"\+")  # a form-encoded space
+        return "(?:" + "|".join(forms) + ")"
+
+    parts = [secret, secret[-8:]] if len(secret) >= 16 else [secret]
+    echoed = re.compile("|".join("".join(map(char, part)) for part in parts))
+    return echoed.sub("***", text)
 
 
 class OptimizerClient:

@@ -1,13 +1,51 @@
-"""Atomic file writes: a kill at any moment leaves either the old file or the new one."""
+"""Atomic file writes: a kill at any moment leaves either the old file or the new one.
+
+Files are created the way a plain open() creates them (mode 0666 less the umask) and folders the
+way mkdir does (0777 less the umask), so whoever may read the launch folder, a shared MLflow UI
+say, may read the outputs too; a umask of 077 keeps them private. A full disk or quota ends the
+write with a one-line `DiskFull` (a user mistake: exit code 2) and leaves the old file whole.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import tempfile
+import secrets
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, TextIO
+
+from reflact.errors import UserError
+
+# errno -> how the one-line message starts
+_FULL = {errno.ENOSPC: "no space left on the device"}
+if hasattr(errno, "EDQUOT"):
+    _FULL[errno.EDQUOT] = "the disk quota is exceeded"
+
+
+class DiskFull(UserError):
+    """A write failed for want of space or quota; the user frees some and reruns the same run dir."""
+
+    def __init__(self, path: Path, code: int) -> None:
+        super().__init__(f"{_FULL[code]} writing {path}: free space and rerun with the same hydra.run.dir")
+        self.path, self.code = path, code
+
+    def __reduce__(self):  # so it crosses a process boundary (a launcher's worker) whole
+        return DiskFull, (self.path, self.code)
+
+
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new, empty temporary file beside `path`: (fd, its path). O_EXCL with a random name is
+    what mkstemp does, but with mode 0666, so the kernel applies the umask (mkstemp forces 0600)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary file name", str(path.parent))
 
 
 @contextmanager
@@ -17,17 +55,21 @@ def atomic_writer(path: Path, durable: bool = False) -> Iterator[TextIO]:
     The rename alone survives a killed process; `durable` also survives a power cut (an
     fsync, a few ms on a busy disk: kept for paid-for results, not for files we can rebuild).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = _create_temp(path)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             yield handle
             if durable:
                 handle.flush()
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in _FULL:
+            raise DiskFull(path, exc.errno) from None
         raise
 
 
@@ -44,5 +86,5 @@ def read_json(path: Path) -> object | None:
     """The file's JSON, or None when it is missing or unreadable (then it is simply redone)."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than json can read
         return None

@@ -40,19 +40,25 @@ def cut(items: list, budget: int) -> list:
 
 
 def check_reply(obj: dict, mode: Mode, group: str, budget: int, notes_allowed: bool) -> CheckedReply:
+    """The reply's object with its payload cut to the budget and its notes normalised; a
+    ReplyError (re-asked) when the patch does not fit the mode's schema, except in a failure reply
+    with notes (SPEC 4): its notes are kept in a patch with no edits, whatever is wrong with the
+    patch, so that a wrong edit never costs the notes."""
     obj = dict(obj)
     notes = normalize_notes(obj.get("appendix_notes")) if notes_allowed else []
     if notes_allowed:
         obj["appendix_notes"] = notes
-    patch = obj.get("patch")
     try:
-        items = _payload(patch, mode)
-    except ReplyError:
-        # a failure batch may be all execution lapses: notes and no usable patch
+        return _checked_patch(obj, mode, budget)
+    except ReplyError as exc:
         if group == "failure" and notes:
-            obj["patch"] = {"reasoning": "execution lapses only", mode.payload_key: []}
-            return CheckedReply(obj=obj, proposed=0, kept=0)
+            return _notes_only(obj, mode, str(exc))
         raise
+
+
+def _checked_patch(obj: dict, mode: Mode, budget: int) -> CheckedReply:
+    patch = obj.get("patch")
+    items = _payload(patch, mode)
     if mode.full_rewrite:
         if len(items) != 1:
             raise ReplyError(f"'patch.{mode.payload_key}' must hold exactly one candidate, got {len(items)}")
@@ -61,8 +67,21 @@ def check_reply(obj: dict, mode: Mode, group: str, budget: int, notes_allowed: b
         kept = cut(items, budget)
     for index, item in enumerate(kept):
         _check_item(item, index, mode)
-    obj["patch"] = {**patch, mode.payload_key: kept}
-    return CheckedReply(obj=obj, proposed=len(items), kept=len(kept))
+    return CheckedReply(obj={**obj, "patch": {**patch, mode.payload_key: kept}}, proposed=len(items),
+                        kept=len(kept))
+
+
+def _notes_only(obj: dict, mode: Mode, why: str) -> CheckedReply:
+    """A failure reply's notes in a patch with no edits: a batch of execution lapses only (no
+    patch sent), or a patch that could not be used (then `unusable` says why; the raw reply is
+    on disk)."""
+    sent = obj.get("patch")
+    if sent is None:
+        return CheckedReply(obj={**obj, "patch": {"reasoning": "execution lapses only", mode.payload_key: []}},
+                            proposed=0, kept=0)
+    reasoning = sent.get("reasoning") if isinstance(sent, dict) else None
+    patch = {"reasoning": reasoning if isinstance(reasoning, str) else "", mode.payload_key: [], "unusable": why}
+    return CheckedReply(obj={**obj, "patch": patch}, proposed=0, kept=0)
 
 
 def _payload(patch: object, mode: Mode) -> list:

@@ -11,6 +11,7 @@ import shutil
 from typing import TextIO
 
 from reflact.outcome import Outcome
+from reflact.patches import normalize_notes
 from reflact.rundir import RunDir
 
 SNIPPET = 400  # characters of an item's text shown; the whole item is in the patch file
@@ -63,7 +64,7 @@ def _patch_lines(o: Outcome, patch: dict, rows: list[dict], payload_key: str) ->
         status = row.get("apply", {})
         tag = f" [{status['status']}{': ' + status['reason'] if status.get('reason') else ''}]" if status else ""
         lines.append(f"{row['position'] + 1}. {_item(row['item'])}{tag}")
-    notes = patch.get("appendix_notes")
+    notes = normalize_notes(patch.get("appendix_notes"))  # raw from the model when notes were not asked for
     if notes:
         lines += ["", "**Appendix notes**", ""] + [f"- {_short(n)}" for n in notes]
     return lines

@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
+import math
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Iterator
 
+from pydantic import ValidationError
+
 from reflact.config import ReflactConfig
 from reflact.files import atomic_writer, read_json, write_json, write_text
+from reflact.modes import MODES
 from reflact.optimizer import Usage
 from reflact.outcome import Outcome
 
@@ -33,6 +37,7 @@ KEPT_ITEMS = "kept_items.jsonl"
 REPORT = "report.md"
 MLFLOW_RUN = "mlflow_run.json"
 HYDRA = ".hydra"
+USAGE_FIELDS = {f.name for f in fields(Usage)}
 
 
 class RunDir:
@@ -97,13 +102,16 @@ class RunDir:
     def resume(self, outcome: Outcome, fingerprint: str, payload_key: str) -> dict | None:
         """The saved patch when it was made from the same prompt and settings (then `outcome`
         becomes its reused record, keeping what the patch cost when it was made, so a resumed
-        run still compares on tokens and cost); None when the minibatch must be (re)done."""
+        run still compares on tokens and cost); None when the minibatch must be (re)done.
+        A patch whose payload is not what the stage saves is redone too, never trusted."""
         saved = self.patch(outcome.tag)
-        if saved is None or saved.get("fingerprint") != fingerprint:
+        if saved is None or saved["fingerprint"] != fingerprint:
+            return None
+        items = saved["patch"].get(payload_key)
+        if not _kept_items_ok(items, payload_key) or len(items) > saved["n_proposed"]:
             return None
         outcome.status, outcome.parse = "reused", "ok"
-        outcome.proposed = int(saved.get("n_proposed", 0))
-        outcome.kept = len((saved.get("patch") or {}).get(payload_key) or [])
+        outcome.proposed, outcome.kept = saved["n_proposed"], len(items)
         earlier = self.outcome_record(outcome.tag)
         if earlier is not None:
             outcome.usage = Usage(**earlier.get("usage", {}))
@@ -115,13 +123,16 @@ class RunDir:
     # ------------------------------------------------------------------ reading back
 
     def patch(self, tag: str) -> dict | None:
-        """The saved patch, or None when there is none (or it is unreadable: then it is redone)."""
+        """The saved patch, or None when there is none, or it is unreadable or not of the shape
+        the stage writes (a file damaged on disk): then it is redone."""
         saved = read_json(self.patch_path(tag))
-        return saved if isinstance(saved, dict) else None
+        return saved if _patch_ok(saved) else None
 
     def outcome_record(self, tag: str) -> dict | None:
+        """The minibatch's saved record, or None when there is none or its figures are damaged
+        (a resumed patch then counts no tokens and no cost, as when the record is missing)."""
         saved = read_json(self.call_dir(tag) / "outcome.json")
-        return saved if isinstance(saved, dict) else None
+        return saved if _outcome_ok(saved) else None
 
     def read_text(self, path: Path) -> str:
         return path.read_text(encoding="utf-8") if path.is_file() else ""
@@ -180,6 +191,46 @@ class RunDir:
 
     def write_mlflow_record(self, record: dict) -> None:
         write_json(self / MLFLOW_RUN, record)
+
+
+# ---------------------------------------------------------------------- shapes of what is read back
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _amount(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+
+
+def _patch_ok(saved: object) -> bool:
+    """What every saved patch has, whatever the mode: its fingerprint, count and patch object."""
+    return (isinstance(saved, dict) and isinstance(saved.get("fingerprint"), str)
+            and _count(saved.get("n_proposed")) and isinstance(saved.get("patch"), dict))
+
+
+def _kept_items_ok(items: object, payload_key: str) -> bool:
+    """A list of items that each fit the schema of the mode whose payload this is."""
+    mode = next((m for m in MODES.values() if m.payload_key == payload_key), None)
+    if mode is None or not isinstance(items, list):
+        return False
+    try:
+        for item in items:
+            mode.item.model_validate(item)  # a non-object fails too
+    except ValidationError:
+        return False
+    return True
+
+
+def _outcome_ok(saved: object) -> bool:
+    """Figures a resumed patch takes over: absent ones count as zero, damaged ones void the record."""
+    if not isinstance(saved, dict):
+        return False
+    usage = saved.get("usage", {})
+    return (isinstance(usage, dict) and set(usage) <= USAGE_FIELDS and all(map(_count, usage.values()))
+            and _count(saved.get("reasks", 0))
+            and all(_amount(saved.get(key, 0)) for key in ("cost_usd", "latency_s")))
 
 
 def fingerprint(cfg: ReflactConfig, messages: list[dict]) -> str:

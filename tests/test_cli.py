@@ -449,3 +449,29 @@ def test_unreachable_tracking_server_keeps_local_outputs(tmp_path, server, launc
     assert any("WARNING" in line or "warning" in line.lower() for line in warnings)
     assert "Traceback" not in output(proc)
     assert all_runs(launch_dir) == []  # no silent fallback to the local store
+
+
+# ---------------------------------------------------------------------------------------------
+# a dataset with no results (SPEC 2: the stage still logs its empty summary)
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n", "[]\n"], ids=["empty", "blank-lines", "empty-array"])
+def test_empty_results_file_makes_no_call_and_logs_an_empty_summary(tmp_path, server, launch_dir, content):
+    data = tmp_path / "data"
+    shutil.copytree(PROJECT / "examples" / "demo", data)
+    (data / "results.jsonl").write_text(content, encoding="utf-8")
+    run_dir = tmp_path / "run"
+    proc = cli(server, launch_dir, run_dir, f"data.dir={data}", "mlflow.experiment=empty")
+    ok(proc)
+    assert server.count == 0 and "Traceback" not in output(proc)
+    summary = summary_of(run_dir)
+    assert summary["minibatches"] == [] and summary["skipped"] == {}
+    counts = summary["counts"]
+    assert {key: counts[key] for key in ("results", "failures", "successes", "minibatches", "calls", "edits_kept")} \
+        == dict.fromkeys(("results", "failures", "successes", "minibatches", "calls", "edits_kept"), 0)
+    assert counts["cost_usd"] == 0 and counts["apply_share"] == 0
+    assert (run_dir / "report.md").is_file() and (run_dir / "kept_items.jsonl").read_text() == ""
+    assert not list((run_dir / "patches").iterdir())
+    [run] = mlflow_state(launch_dir, "empty")
+    assert run["status"] == "FINISHED"
+    assert run["metrics"]["results"] == 0 and run["metrics"]["minibatches"] == 0

@@ -237,12 +237,20 @@ def test_results_file_not_utf8_names_the_file(tmp_path):
     assert str(data / "results.jsonl") in message and "UTF-8" in message
 
 
-@pytest.mark.parametrize("content", ["", "\n\n  \n", "[]"])
-def test_results_file_without_results_is_an_error(tmp_path, content):
+@pytest.mark.parametrize("content", ["", "\n\n  \n", "[]", "  [ ]\n"], ids=["no lines", "blank lines", "[]", "[ ]"])
+def test_results_file_without_results_is_a_dataset_of_zero_results(tmp_path, content):
+    # SPEC 2: a stage with no results still logs its (empty) summary
     data = write_results(tmp_path / "d", [row("a")])
     (data / "results.jsonl").write_text(content)
-    message = user_error(data)
-    assert str(data / "results.jsonl") in message and "no results" in message
+    dataset = load(data)
+    assert dataset.results == [] and dataset.skipped == {} and dataset.skill == SKILL
+
+
+def test_results_json_array_file_without_results_is_a_dataset_of_zero_results(tmp_path):
+    data = write_results(tmp_path / "d", [])
+    (data / "results.jsonl").unlink()
+    (data / "results.json").write_text("[]")
+    assert load(data).results == []
 
 
 def test_missing_results_file_names_the_key(tmp_path):

@@ -240,3 +240,58 @@ def test_empty_notes_do_not_excuse_a_missing_patch():
 def test_success_reply_without_patch_is_an_error():
     with pytest.raises(ReplyError, match="patch"):
         check({"success_patterns": ["p"]}, group="success")
+
+
+# ---------------------------------------------------------------- notes are never lost to a wrong edit
+
+
+def test_failure_reply_with_notes_and_an_invalid_kept_edit_keeps_the_notes_in_an_empty_patch():
+    obj = reply("edits", [edit(0), {"op": "bogus"}], appendix_notes=["follow the cents rule", {"note": "n2"}])
+    checked = check(obj, budget=2, notes_allowed=True)
+    assert checked.obj["appendix_notes"] == ["follow the cents rule", "n2"]
+    assert checked.obj["patch"]["edits"] == [] and (checked.proposed, checked.kept) == (0, 0)
+    # why the edits were dropped is kept beside the model's reasoning, never in silence
+    assert checked.obj["patch"]["reasoning"] == "because"
+    assert checked.obj["patch"]["unusable"].startswith("patch.edits[1]: op")
+    assert checked.obj["failure_summary"] == []
+
+
+@pytest.mark.parametrize("patch", [
+    {"reasoning": "r", "edits": ["append this"]},
+    {"reasoning": "r", "edits": {"op": "append", "content": "x"}},
+    {"reasoning": ["not", "a", "string"], "edits": [edit(0)]},
+    "just prose",
+    ["a", "list"],
+], ids=["item not an object", "payload an object", "reasoning a list", "patch a string", "patch a list"])
+def test_failure_reply_with_notes_and_any_unusable_patch_keeps_the_notes(patch):
+    checked = check({"failure_summary": [], "patch": patch, "appendix_notes": ["n"]}, notes_allowed=True)
+    assert checked.obj["appendix_notes"] == ["n"] and checked.obj["patch"]["edits"] == []
+    assert checked.obj["patch"]["unusable"] and isinstance(checked.obj["patch"]["reasoning"], str)
+
+
+def test_notes_only_patch_keeps_the_modes_payload_key():
+    obj = reply("revise_suggestions", [suggestion(priority_hint="urgent")], appendix_notes="a note")
+    checked = check(obj, mode=REWRITE, notes_allowed=True)
+    assert checked.obj["patch"]["revise_suggestions"] == [] and checked.obj["appendix_notes"] == ["a note"]
+
+
+def test_lapse_only_reply_records_no_unusable_patch():
+    checked = check({"failure_summary": [], "appendix_notes": ["n"]}, notes_allowed=True)
+    assert checked.obj["patch"] == {"reasoning": "execution lapses only", "edits": []}
+
+
+def test_an_invalid_edit_is_still_asked_again_without_notes_or_in_a_success_reply():
+    invalid = [edit(0), {"op": "bogus"}]
+    with pytest.raises(ReplyError, match=r"patch\.edits\[1\]"):
+        check(reply("edits", invalid, appendix_notes=["", " "]), notes_allowed=True)
+    with pytest.raises(ReplyError, match=r"patch\.edits\[1\]"):
+        check(reply("edits", invalid, appendix_notes=["n"]), notes_allowed=False)
+    with pytest.raises(ReplyError, match=r"patch\.edits\[1\]"):
+        check({"success_patterns": [], **reply("edits", invalid), "appendix_notes": ["n"]}, group="success",
+              notes_allowed=True)
+
+
+def test_a_valid_patch_with_notes_keeps_both():
+    checked = check(reply("edits", [edit(0), edit(1)], appendix_notes=["n"]), budget=1, notes_allowed=True)
+    assert checked.obj["patch"] == {"reasoning": "because", "edits": [edit(0)]}
+    assert checked.obj["appendix_notes"] == ["n"] and (checked.proposed, checked.kept) == (2, 1)

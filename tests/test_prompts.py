@@ -189,6 +189,29 @@ def test_budget_line_without_limit():
     assert "at most" not in text and "no fixed limit" in text
 
 
+@pytest.mark.parametrize("mode,budget,line", [
+    (PATCH, -1, "There is no fixed limit on the number of edits; propose as many as the evidence supports."),
+    (REWRITE, -5, "There is no fixed limit on the number of revise suggestions; propose as many as the evidence "
+                  "supports."),
+    (PATCH, 0, "The budget is L=0: propose no edits and leave 'patch.edits' empty; the rest of the reply, your "
+               "analysis of the trajectories, is still wanted."),
+    (REWRITE, 0, "The budget is L=0: propose no revise suggestions and leave 'patch.revise_suggestions' empty; "
+                 "the rest of the reply, your analysis of the trajectories, is still wanted."),
+    (PATCH, 1, "Produce at most L=1 edits."),
+    (PATCH, 4, "Produce at most L=4 edits."),
+    (REWRITE, 4, "Produce at most L=4 revise suggestions."),
+], ids=["patch L<0", "rewrite L<0", "patch L=0", "rewrite L=0", "patch L=1", "patch L=4", "rewrite L=4"])
+def test_budget_line_reads_as_a_sentence_for_every_l(mode, budget, line):
+    heading = "## Edit Budget" if mode is PATCH else "## Suggestion Budget"
+    assert f"\n\n{heading}\n{line}\n\n" in user_message(SKILL, mode, budget, "failure", BLOCKS)
+
+
+@pytest.mark.parametrize("budget", [-1, 0])
+def test_budget_line_never_says_produce_no_limit_or_a_limit_of_zero(budget):
+    text = user_message(SKILL, PATCH, budget, "failure", BLOCKS)
+    assert "Produce no" not in text and "at most L=0" not in text
+
+
 def test_full_rewrite_asks_for_exactly_one_replacement_not_a_budget():
     text = user_message(SKILL, FULL, 3, "failure", BLOCKS)
     assert "exactly one complete replacement" in text
