@@ -134,9 +134,6 @@ class RunDir:
         saved = read_json(self.call_dir(tag) / "outcome.json")
         return saved if _outcome_ok(saved) else None
 
-    def read_text(self, path: Path) -> str:
-        return path.read_text(encoding="utf-8") if path.is_file() else ""
-
     def summary(self) -> dict | None:
         saved = read_json(self / SUMMARY)
         return saved if isinstance(saved, dict) else None

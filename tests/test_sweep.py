@@ -136,7 +136,7 @@ def assert_sweep_shape(state: dict) -> None:
     """1 finished parent and 9 finished children of it, one per grid cell, sharing its sweep id."""
     assert len(state["parents"]) == 1, [p["tags"] for p in state["parents"]]
     parent = state["parents"][0]
-    assert parent["status"] == "FINISHED"
+    assert parent["status"] == "FINISHED", [(c["tags"].get("mlflow.runName"), c["status"]) for c in state["children"]]
     sweep_id = parent["tags"]["reflact.sweep_id"]
     assert len(state["children"]) == 9, sorted(c["tags"].get("mlflow.runName", "") for c in state["children"])
     for child in state["children"]:
@@ -473,6 +473,7 @@ def test_joblib_sweep_against_a_tracking_server(tmp_path, migrated_store, sweeps
             requests = server.count
             print(f"joblib sweep: exit {run.returncode}, {requests} requests, {time.monotonic() - started:.1f} s")
         ok(run)
+        assert "MLflow logging" not in run.stderr, [line for line in run.stderr.splitlines() if "MLflow" in line]
         state = mlflow_state(url, tmp_path / "download")
     finally:
         stop(proc)
