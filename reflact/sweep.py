@@ -98,12 +98,17 @@ def sweep_settings(config: DictConfig) -> tuple[dict[str, str], dict[str, list[s
     return fixed, swept
 
 
+# the grid's axes: the report keeps modes, M and L apart and averages over seeds, so a sweep dir may
+# gather any of their values (more seeds another day, say)
+GRID_AXES = ("reflect.update_mode", "reflect.minibatch_size", "reflect.edit_budget", "reflect.seed")
+
+
 def check_identity(sweep: SweepDir, fixed: dict[str, str], swept: dict[str, list[str]]) -> None:
-    """Refuses a sweep into a dir whose earlier sweep fixed a shared setting to another value;
-    a key swept by either (say, more seeds another day) may differ."""
+    """Refuses a sweep into a dir whose earlier sweep fixed a shared setting (data, model, templates,
+    decoding...) to another value; the grid's axes and keys swept by either may differ."""
     earlier = sweep.identity()
     old = earlier.get("fixed", {})
-    differing = [k for k in sorted(set(old) & set(fixed)) if old[k] != fixed[k]]
+    differing = [k for k in sorted(set(old) & set(fixed)) if old[k] != fixed[k] and k not in GRID_AXES]
     if differing:
         shown = "; ".join(f"{k}: {old[k]!r} there, {fixed[k]!r} now" for k in differing[:3])
         raise UserError(f"{sweep.root} holds a sweep with other fixed settings ({shown}); give this sweep its own "

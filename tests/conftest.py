@@ -6,8 +6,12 @@ import json
 import os
 import random
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -107,3 +111,52 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 180
         [sys.executable, "-m", "reflact.run", *args],
         cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
     )
+
+
+def start_mlflow_server(root: Path, store: Path) -> tuple[subprocess.Popen, str]:
+    """`mlflow server` on a free loopback port, on a copy of a migrated store; waits for /health."""
+    shutil.copy(store, root / "server.db")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mlflow_bin = Path(sys.executable).parent / "mlflow"
+    command = [str(mlflow_bin)] if mlflow_bin.exists() else [sys.executable, "-m", "mlflow"]
+    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(
+        [*command, "server", "--backend-store-uri", f"sqlite:///{root / 'server.db'}",
+         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        cwd=root, stdout=log, stderr=subprocess.STDOUT,
+        # no background job runner (huey consumers) for a short-lived test server
+        env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        start_new_session=True,  # its own process group: the server and the uvicorn it starts stop together
+    )
+    proc.log_file = log  # type: ignore[attr-defined]
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return proc, url
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            pytest.fail(f"mlflow server did not come up:\n{(root / 'server.log').read_text(errors='replace')[-3000:]}")
+        time.sleep(0.25)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop the server's process group (the group this test started for it)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=15)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    proc.log_file.close()  # type: ignore[attr-defined]
