@@ -186,12 +186,17 @@ def register() -> None:
 def from_hydra(dict_cfg) -> tuple[ReflactConfig, dict[str, str]]:
     """The typed, checked config and its params (flat strings, as tracked) from a config Hydra
     composed or a run's saved `.hydra/config.yaml`: the one way a config becomes settings."""
+    cfg = validate(typed(dict_cfg))
+    return cfg, params(cfg)
+
+
+def typed(dict_cfg) -> ReflactConfig:
+    """The schema's dataclasses from a composed config, not yet checked (see validate)."""
     from omegaconf import OmegaConf
 
     # merging into the schema also rejects keys added with `+`, which Hydra lets through
-    typed = OmegaConf.merge(OmegaConf.structured(ReflactConfig), OmegaConf.to_container(dict_cfg))
-    cfg = validate(OmegaConf.to_object(typed))
-    return cfg, params(cfg)
+    merged = OmegaConf.merge(OmegaConf.structured(ReflactConfig), OmegaConf.to_container(dict_cfg))
+    return OmegaConf.to_object(merged)
 
 
 def params(cfg: ReflactConfig) -> dict[str, str]:

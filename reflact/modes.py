@@ -112,13 +112,22 @@ def mode_by_number(number: int) -> Mode:
     return next(mode for mode in MODES.values() if mode.number == number)
 
 
+# one failure pattern, in the shape SkillOpt's trainer reads (failure_type, count, description)
+FAILURE_PATTERN = {
+    "type": "object",
+    "properties": {"failure_type": {"type": "string"}, "count": {"type": "integer"},
+                   "trajectories": {"type": "array", "items": {"type": "string"}}, "description": {"type": "string"}},
+    "required": ["failure_type", "count", "description"],
+}
+
+
 def reply_schema(mode: Mode, group: str, notes_allowed: bool) -> dict:
     """The JSON schema of a reply, sent as structured output where the server supports it."""
     summary_key = "failure_summary" if group == "failure" else "success_patterns"
     item = mode.item.model_json_schema()
     item.pop("title", None)
     properties = {
-        summary_key: {"type": "array", "items": {"type": "object"}},
+        summary_key: {"type": "array", "items": FAILURE_PATTERN if group == "failure" else {"type": "object"}},
         "patch": {
             "type": "object",
             "properties": {"reasoning": {"type": "string"}, mode.payload_key: {"type": "array", "items": item}},

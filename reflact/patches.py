@@ -34,6 +34,28 @@ def normalize_notes(raw: object) -> list[str]:
     return notes
 
 
+def failure_summary(raw: object) -> list[dict]:
+    """Each failure pattern with `failure_type`, `count` and `description`, the fields SkillOpt's
+    trainer reads; other keys the model sent are kept. A model that named them otherwise
+    (pattern, root_cause, evidence) has them mapped; `count` defaults to the trajectories named."""
+    entries = raw if isinstance(raw, list) else [raw] if isinstance(raw, (dict, str)) else []
+    out = []
+    for entry in entries:
+        if isinstance(entry, str):
+            entry = {"failure_type": entry}
+        if not isinstance(entry, dict):
+            continue
+        named = entry.get("trajectories")
+        count = entry.get("count")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            count = len(named) if isinstance(named, list) and named else 1
+        kind = entry.get("failure_type") or entry.get("pattern") or entry.get("name") or ""
+        description = entry.get("description") or " ".join(
+            str(entry[k]) for k in ("root_cause", "evidence") if isinstance(entry.get(k), str) and entry[k])
+        out.append({**entry, "failure_type": str(kind), "count": count, "description": str(description)})
+    return out
+
+
 def cut(items: list, budget: int) -> list:
     """The first L items; L < 0 keeps all, L = 0 none."""
     return list(items) if budget < 0 else list(items[:budget])
@@ -45,6 +67,8 @@ def check_reply(obj: dict, mode: Mode, group: str, budget: int, notes_allowed: b
     with notes (SPEC 4): its notes are kept in a patch with no edits, whatever is wrong with the
     patch, so that a wrong edit never costs the notes."""
     obj = dict(obj)
+    if group == "failure" and "failure_summary" in obj:
+        obj["failure_summary"] = failure_summary(obj["failure_summary"])
     notes = normalize_notes(obj.get("appendix_notes")) if notes_allowed else []
     if notes_allowed:
         obj["appendix_notes"] = notes

@@ -22,7 +22,8 @@ def _job(dict_cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from reflact.experiment import Launch, run_experiment
+    from reflact.api import run
+    from reflact.experiment import Launch
     from reflact.summary import optimized_value
 
     hc = HydraConfig.get()
@@ -32,7 +33,7 @@ def _job(dict_cfg: DictConfig) -> float | None:
     launch = Launch(Path(hydra.utils.get_original_cwd()), Path(hc.sweep.dir).resolve() if multirun else None,
                     hc.job.num if multirun else None, tuple(hc.overrides.task),
                     record_config=lambda: _record_config(dict_cfg, hc, run_dir))
-    result = run_experiment(cfg, params, run_dir, launch)
+    result = run(cfg, params, run_dir, launch)
     if result.status == "FAILED":
         raise RunFailed(result.reason)
     return optimized_value(cfg, result.summary)
@@ -43,8 +44,8 @@ def _record_config(dict_cfg: DictConfig, hc: DictConfig, run_dir: Path) -> None:
     config and inputs passed their checks, so a mistaken rerun leaves the record alone."""
     from reflact.rundir import RunDir
 
-    RunDir(run_dir).write_config(OmegaConf.to_yaml(dict_cfg), OmegaConf.to_yaml({"hydra": hc}),
-                                 OmegaConf.to_yaml(list(hc.overrides.task)))
+    RunDir(run_dir).write_config(OmegaConf.to_yaml(dict_cfg), OmegaConf.to_yaml(list(hc.overrides.task)),
+                                 OmegaConf.to_yaml({"hydra": hc}))
 
 
 @exits_on_user_error  # config errors raised while Hydra composes

@@ -160,11 +160,12 @@ class RunDir:
     def report_writer(self):
         return atomic_writer(self / REPORT)
 
-    def write_config(self, config_yaml: str, hydra_yaml: str, overrides_yaml: str) -> None:
+    def write_config(self, config_yaml: str, overrides_yaml: str, hydra_yaml: str | None = None) -> None:
         folder = self / HYDRA
         write_text(folder / "config.yaml", config_yaml)
-        write_text(folder / "hydra.yaml", hydra_yaml)
         write_text(folder / "overrides.yaml", overrides_yaml)
+        if hydra_yaml is not None:  # runs from the command line (Hydra's own settings: run mode, sweep dir)
+            write_text(folder / "hydra.yaml", hydra_yaml)
 
     # ------------------------------------------------------------------ what tracking mirrors
 

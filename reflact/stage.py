@@ -163,6 +163,7 @@ class Stage:
         return {
             **merged.obj,
             "source_type": outcome.group,
+            "batch_size": outcome.analysed,  # the patch's support, as SkillOpt's trainer reads it
             "trajectory_ids": outcome.ids,
             "n_analysed": outcome.analysed,
             "n_proposed": merged.proposed,

@@ -136,11 +136,7 @@ class Store:
     callers (live tracking, relog) turn a failure into a warning and the run dir stays complete."""
 
     def __init__(self, uri: str, experiment: str, launch_dir: Path) -> None:
-        # MLflow's default (7 retries with backoff) would hold a run for minutes when a tracking
-        # server is down; the outputs are safe on disk, so give up sooner (unless the user set it)
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its notes on migrating a fresh store
+        mlflow_defaults()
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
@@ -248,10 +244,21 @@ class Store:
         self.client.set_terminated(self.run_id, status, end_time=end_ms)
 
 
+def mlflow_defaults() -> None:
+    """reflact's defaults for MLflow's settings, read when mlflow is first imported (a user's own
+    values win). Its default (7 retries with backoff) would hold a run for minutes when a tracking
+    server is down; the outputs are safe on disk, so give up sooner. Its notes on migrating a fresh
+    store are not the run's progress."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+
+
 @contextlib.contextmanager
 def mlflow_globals_at(uri: str):
     """Traces and prompt links follow MLflow's global tracking URI: point it at the run's store
     while they are written, then restore what it was."""
+    mlflow_defaults()
     try:
         from mlflow.tracking._tracking_service.utils import _use_tracking_uri
     except ImportError:  # a later MLflow moved it: fall back to setting it (not restored)

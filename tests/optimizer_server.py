@@ -58,7 +58,11 @@ def default_reply(request: dict) -> dict:
         patch = {"reasoning": "edits", "edits": [
             {"op": "append", "content": f"- rule {i} from {', '.join(ids)}"} for i in range(n)]}
     summary_key = "failure_summary" if group_failure else "success_patterns"
-    reply = {summary_key: [{"pattern": "p", "trajectories": ids}], "patch": patch}
+    summary = {"pattern": "p", "trajectories": ids}
+    if group_failure:  # as the failure templates ask for it
+        summary = {"failure_type": "p", "count": len(ids), "trajectories": ids,
+                   "description": f"the agent got the amount wrong in {len(ids)} run(s)"}
+    reply = {summary_key: [summary], "patch": patch}
     if "## Skill-Aware Reflection" in request["messages"][0]["content"]:
         reply["appendix_notes"] = ["Follow the verification rule.", {"note": "Check units."}, ""]
     return reply

@@ -60,11 +60,36 @@ def test_reply_negative_budget_keeps_everything():
 
 
 def test_reply_keeps_the_other_keys_of_the_model_object():
-    obj = reply("edits", [edit(0)])
-    obj["failure_summary"] = [{"pattern": "p"}]
+    obj = reply("edits", [edit(0)], extra_key={"x": 1})
+    obj["failure_summary"] = [{"pattern": "p", "seen": "twice"}]
     checked = check(obj)
-    assert checked.obj["failure_summary"] == [{"pattern": "p"}]
+    assert checked.obj["extra_key"] == {"x": 1}
+    assert checked.obj["failure_summary"][0]["pattern"] == "p" and checked.obj["failure_summary"][0]["seen"] == "twice"
     assert checked.obj["patch"]["reasoning"] == "because"
+
+
+@pytest.mark.parametrize("sent,expected", [
+    # the fields SkillOpt's trainer reads, as the template asks for them: kept as they are
+    ({"failure_type": "t", "count": 3, "description": "d"}, ("t", 3, "d")),
+    # named otherwise: mapped; count from the trajectories named
+    ({"pattern": "p", "trajectories": ["a", "b"], "root_cause": "rc", "evidence": "ev"}, ("p", 2, "rc ev")),
+    ({"name": "n", "description": "d", "count": "many"}, ("n", 1, "d")),  # a count that is no count
+    ({"failure_type": "t", "count": -2, "trajectories": ["a"]}, ("t", 1, "")),
+    ({"failure_type": "t", "count": True}, ("t", 1, "")),
+    ("a pattern as a sentence", ("a pattern as a sentence", 1, "")),
+    ({}, ("", 1, "")),
+])
+def test_failure_patterns_carry_type_count_and_description(sent, expected):
+    obj = reply("edits", [edit(0)])
+    obj["failure_summary"] = [sent, 7, None]  # entries that are no pattern at all are dropped
+    [entry] = check(obj).obj["failure_summary"]
+    assert (entry["failure_type"], entry["count"], entry["description"]) == expected
+
+
+def test_success_patterns_are_left_as_sent():
+    obj = reply("edits", [edit(0)])
+    obj["success_patterns"] = [{"pattern": "p"}]
+    assert check(obj, group="success").obj["success_patterns"] == [{"pattern": "p"}]
 
 
 def test_check_does_not_mutate_the_callers_object():
