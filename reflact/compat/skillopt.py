@@ -53,26 +53,29 @@ def run_minibatch_reflect(
     """The saved patches, failures by index then successes (a minibatch that failed has none)."""
     from reflact.api import compose, reflect, with_overrides
 
-    cfg = compose(_endpoint_overrides()) if config is None else config
-    cfg = with_overrides(cfg, overrides)
+    cfg = with_overrides(compose(_endpoint_overrides()) if config is None else config, overrides)
     r = cfg.reflect
     r.workers, r.failure_only, r.minibatch_size, r.edit_budget = workers, failure_only, minibatch_size, edit_budget
-    if random_seed is not None:  # None: reflact still shuffles, with its configured seed
-        r.seed = random_seed
+    r.seed = r.seed if random_seed is None else random_seed  # None: reflact still shuffles, with its own seed
     r.update_mode = update_mode or "patch"
     r.step_buffer = step_buffer(step_buffer_context, rejection_context, trajectory_memory_context)
     r.meta_skill = meta_skill_context or ""
-    if skill_aware_reflection is not None:
-        r.skill_aware.enabled = skill_aware_reflection
-    if skill_aware_appendix_source is not None:
-        r.skill_aware.appendix_source = skill_aware_appendix_source
+    _skill_aware(cfg, skill_aware_reflection, skill_aware_appendix_source)
     cfg.prompts.error, cfg.prompts.success = error_system, success_system
     out = Path(patches_dir)
     done = reflect(results=results, skill=skill_content, predictions=prediction_dir, config=cfg,
                    run_dir=out.with_name(out.name + ".reflact"))
-    for tag, patch in done.patches.items():
+    for tag, patch in done.patches.items():  # where SkillOpt's trainer reads them
         write_json(out / f"{tag}.json", patch)
     return list(done.patches.values())
+
+
+def _skill_aware(cfg: ReflactConfig, enabled: bool | None, appendix_source: str | None) -> None:
+    """None leaves reflact's own setting (the reference reads a process-wide switch instead)."""
+    if enabled is not None:
+        cfg.reflect.skill_aware.enabled = enabled
+    if appendix_source is not None:
+        cfg.reflect.skill_aware.appendix_source = appendix_source
 
 
 def step_buffer(step_buffer_context: str, rejection_context: str, trajectory_memory_context: str) -> str:
