@@ -57,9 +57,8 @@ def run_minibatch_reflect(
     r = cfg.reflect
     r.workers, r.failure_only, r.minibatch_size, r.edit_budget = workers, failure_only, minibatch_size, edit_budget
     r.seed = r.seed if random_seed is None else random_seed  # None: reflact still shuffles, with its own seed
-    r.update_mode = update_mode or "patch"
+    r.update_mode, r.meta_skill = update_mode or "patch", meta_skill_context or ""
     r.step_buffer = step_buffer(step_buffer_context, rejection_context, trajectory_memory_context)
-    r.meta_skill = meta_skill_context or ""
     _skill_aware(cfg, skill_aware_reflection, skill_aware_appendix_source)
     cfg.prompts.error, cfg.prompts.success = error_system, success_system
     out = Path(patches_dir)
