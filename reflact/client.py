@@ -2,12 +2,19 @@
 
 tenacity is the one retry policy (the SDK's own retries are off, or attempts multiply); the
 response cache answers repeated requests without a call; the rate limiter paces all workers.
+Requests go through the SDK's async client on one background event loop (`Transport`): only
+there can a request be bounded as a whole (the HTTP timeouts bound each read, so a server
+sending a byte a second never times out) and be abandoned from another thread on close().
+Every reply body is read by reflact.completion, never trusted as it comes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import email.utils
 import logging
+import math
 import os
 import threading
 import time
@@ -24,12 +31,23 @@ from tenacity import (
 )
 
 from reflact.cache import ResponseCache, cache_key
+from reflact.completion import Completion, MalformedReply, read_completion
 from reflact.config import CacheMode, OptimizerConfig, Provider, StructuredOutput
 from reflact.errors import UserError
 from reflact.optimizer import CallError, Reply, Usage, estimate_tokens
 from reflact.ratelimit import RateLimiter
 
 log = logging.getLogger("reflact")
+
+ABANDONED = "abandoned: the run is stopping"
+# how long a worker waits past optimizer.timeout_s before it stops waiting for the event loop
+# itself (which only a bug could stall): a request's own deadline is timeout_s
+LOOP_GRACE_S = 30.0
+CLOSE_WAIT_S = 5.0  # close() waits this long at most for the connections to be shut
+
+
+class Abandoned(Exception):
+    """The client was closed: the request was cancelled, or never sent."""
 
 
 def redact(text: str, secret: str) -> str:
@@ -57,23 +75,95 @@ def redact(text: str, secret: str) -> str:
     return echoed.sub("***", text)
 
 
+_loop_lock = threading.Lock()
+_loop: tuple[int, asyncio.AbstractEventLoop] | None = None
+
+
+def http_loop() -> asyncio.AbstractEventLoop:
+    """The process's one event loop for optimizer requests, on a daemon thread shared by every
+    client (a client never closed leaves no thread behind); made anew in a forked child."""
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop[0] != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="reflact-http", daemon=True).start()
+            _loop = (os.getpid(), loop)
+        return _loop[1]
+
+
+class Transport:
+    """Sends chat requests through the async SDK, each bounded as a whole by `timeout_s`, and
+    abandons them all on close(). Workers call post() from their own threads."""
+
+    def __init__(self, sdk: object, timeout_s: float) -> None:
+        self._sdk = sdk
+        self._timeout_s = timeout_s
+        self._loop = http_loop()
+        self._lock = threading.Lock()
+        self._inflight: set[concurrent.futures.Future] = set()
+        self.closing = threading.Event()
+
+    def post(self, request: dict) -> bytes:
+        """The body of a 2xx reply; the SDK's errors for the others."""
+        with self._lock:  # checked and registered at once: close() cancels every request that started
+            if self.closing.is_set():
+                raise Abandoned()
+            future = asyncio.run_coroutine_threadsafe(self._post(request), self._loop)
+            self._inflight.add(future)
+        try:
+            return future.result(timeout=self._timeout_s + LOOP_GRACE_S)
+        except concurrent.futures.CancelledError:
+            raise Abandoned() from None
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
+        finally:
+            with self._lock:
+                self._inflight.discard(future)
+
+    async def _post(self, request: dict) -> bytes:
+        async with asyncio.timeout(self._timeout_s):  # connect to last byte
+            raw = await self._sdk.chat.completions.with_raw_response.create(**request)
+            return raw.http_response.content
+
+    def close(self) -> None:
+        """Cancels the requests in flight (their workers get Abandoned at once), refuses new
+        ones, and shuts the connections."""
+        with self._lock:
+            if self.closing.is_set():
+                return
+            self.closing.set()
+            pending = list(self._inflight)
+        for future in pending:
+            future.cancel()
+        try:
+            asyncio.run_coroutine_threadsafe(self._sdk.close(), self._loop).result(timeout=CLOSE_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - the run is ending; a socket left to the OS is no failure
+            log.debug("closing the optimizer's connections: %s", exc)
+
+
 class OptimizerClient:
     """Calls, with retries, the response cache and the rate limits of `optimizer.*`."""
 
-    def __init__(self, cfg: OptimizerConfig, sdk: object, cache: ResponseCache | None = None, secret: str = "") -> None:
+    def __init__(self, cfg: OptimizerConfig, sdk: object, cache: ResponseCache | None = None, secret: str = "",
+                 endpoint: dict | None = None) -> None:
         self.cfg = cfg
-        self._sdk = sdk
+        self._transport = Transport(sdk, cfg.timeout_s)
         self._secret = secret
         self.cache = cache
-        self._limiter = RateLimiter(cfg.rpm, cfg.tpm) if (cfg.rpm or cfg.tpm) else None
+        self._endpoint = endpoint or {}  # which server answers: part of the cache key
+        self._limiter = RateLimiter(cfg.rpm, cfg.tpm, stop=self._transport.closing) if (cfg.rpm or cfg.tpm) else None
         self._schema_rejected = threading.Event()  # `auto`: this server answered 400 to a JSON schema
+        self._warned: set[str] = set()  # the usage fields already warned about
 
     def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None) -> Reply:
+        if self._transport.closing.is_set():
+            raise CallError(ABANDONED)
         logical = self._request(messages, max_output_tokens)
         key = ""  # hashing the whole request only pays when there is a cache to ask
         if self.cache:
-            key = cache_key({**logical, "structured_output": self.cfg.structured_output.value,
-                             "schema": schema, "sample": self.cfg.sample})
+            key = cache_key({**logical, "endpoint": self._endpoint, "schema": schema, "sample": self.cfg.sample,
+                             "structured_output": self.cfg.structured_output.value})
             hit = self.cache.get(key)
             if hit is not None:
                 return Reply(hit["text"], hit["finish_reason"], Usage(**hit.get("usage", {})), 0.0,
@@ -87,8 +177,9 @@ class OptimizerClient:
         return reply
 
     def close(self) -> None:
-        """Release the HTTP connections and the cache's database handle."""
-        self._sdk.close()
+        """Abandon the calls in flight (each ends at once as a CallError), refuse new ones, and
+        release the HTTP connections and the cache's database handle. Safe from any thread."""
+        self._transport.close()
         if self.cache:
             self.cache.close()
 
@@ -118,32 +209,28 @@ class OptimizerClient:
         return "off", None
 
     def _call_with_retries(self, logical: dict, schema: dict | None, tokens: int) -> Reply:
+        closing = self._transport.closing
         retrying = Retrying(
-            retry=retry_if_exception(is_transient),
+            retry=retry_if_exception(lambda exc: is_transient(exc) and not closing.is_set()),
             stop=stop_after_attempt(self.cfg.retry.max_attempts) | stop_before_delay(self.cfg.retry.max_seconds),
             wait=wait_after(self.cfg.retry.initial_wait_s, self.cfg.retry.max_wait_s),
+            sleep=closing.wait,  # a backoff ends early when the client is closed
             reraise=True,
         )
         sent = [0]  # requests made, the retries' included
         try:
             for attempt in retrying:
                 with attempt:
-                    response, started, wall, structured = self._send(logical, schema, tokens, sent)
-        except Exception as exc:  # noqa: BLE001 - every SDK failure becomes a recorded failed call
-            raise CallError(describe_error(exc, self._secret), retries=max(sent[0] - 1, 0)) from None
-        choice = response.choices[0] if response.choices else None
-        return Reply(
-            text=(choice.message.content or "") if choice else "",
-            finish_reason=choice.finish_reason if choice else None,
-            usage=usage_of(response),
-            latency_s=time.monotonic() - started,
-            retries=sent[0] - 1,
-            structured=structured,
-            started_at=wall,
-        )
+                    completion, started, wall, structured = self._send(logical, schema, tokens, sent)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded failed call
+            cause = ABANDONED if closing.is_set() else describe_error(exc, self._secret)
+            raise CallError(cause, retries=max(sent[0] - 1, 0)) from None
+        return Reply(text=completion.text, finish_reason=completion.finish_reason, usage=completion.usage,
+                     latency_s=time.monotonic() - started, retries=sent[0] - 1, structured=structured,
+                     started_at=wall)
 
     def _send(self, logical: dict, schema: dict | None, tokens: int, sent: list[int]) -> tuple:
-        """One attempt: (response, monotonic and wall start, response format sent). With
+        """One attempt: (completion, monotonic and wall start, response format sent). With
         structured_output=auto, a 400 to the JSON schema is asked again without it, here."""
         import openai
 
@@ -160,13 +247,29 @@ class OptimizerClient:
             log.warning("the server rejected a JSON schema (HTTP 400); asking without one from now on")
         return *self._create(logical, tokens, sent), "off"
 
-    def _create(self, request: dict, tokens: int, sent: list[int]) -> tuple:
-        """(response, monotonic and wall-clock start) of one request."""
+    def _create(self, request: dict, tokens: int, sent: list[int]) -> tuple[Completion, float, float]:
+        """(completion, monotonic and wall-clock start) of one request, its body checked."""
+        if self._transport.closing.is_set():
+            raise Abandoned()
         sent[0] += 1
         if self._limiter:  # every attempt is a request: retries are paced too
             self._limiter.acquire(tokens)
         started, wall = time.monotonic(), time.time()
-        return self._sdk.chat.completions.create(**request), started, wall
+        return read_completion(self._transport.post(request), self._warn), started, wall
+
+    def _warn(self, field: str, what: str) -> None:
+        if field not in self._warned:  # once per field: a server that always sends it would flood the log
+            self._warned.add(field)
+            log.warning("the optimizer's reply: %s %s (token and cost totals may be off)", field, what)
+
+
+def endpoint_of(cfg: OptimizerConfig, sdk: object) -> dict:
+    """Which server answers (the SDK's resolved base URL, the default's included; for Azure also
+    the deployment and API version): a reply is never served from cache for another server."""
+    endpoint = {"provider": cfg.provider.value, "base_url": str(sdk.base_url)}
+    if cfg.provider is Provider.azure:
+        endpoint.update(deployment=cfg.azure.deployment, api_version=cfg.azure.api_version)
+    return endpoint
 
 
 def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: dict | None = None) -> OptimizerClient:
@@ -183,27 +286,25 @@ def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: dict | None = N
     # local servers usually ignore the key, but the SDK insists on one
     common = {"api_key": key or "not-needed", "timeout": cfg.timeout_s, "max_retries": 0}
     if cfg.provider is Provider.azure:
-        sdk = openai.AzureOpenAI(azure_endpoint=cfg.azure.endpoint, azure_deployment=cfg.azure.deployment,
-                                 api_version=cfg.azure.api_version, **common)
+        sdk = openai.AsyncAzureOpenAI(azure_endpoint=cfg.azure.endpoint, azure_deployment=cfg.azure.deployment,
+                                      api_version=cfg.azure.api_version, **common)
     else:
-        sdk = openai.OpenAI(base_url=cfg.base_url, **common)
+        sdk = openai.AsyncOpenAI(base_url=cfg.base_url, **common)
     # the SDK imports its chat module on first use, under a lock: done here, workers don't queue on it
-    sdk.chat.completions
+    sdk.chat.completions.with_raw_response
     cache = None
     if cfg.cache is not CacheMode.off:
         path = Path(cfg.cache_path) if cfg.cache_path else launch_dir / "outputs" / "cache.db"
         cache = ResponseCache(path, cfg.cache)
-    return OptimizerClient(cfg, sdk, cache, secret=key)
+    return OptimizerClient(cfg, sdk, cache, secret=key, endpoint=endpoint_of(cfg, sdk))
 
 
 def is_transient(exc: BaseException) -> bool:
-    import json
-
     import openai
 
-    # a 200 whose body is not JSON, or not a completion, is a proxy's page or a torn response
+    # a 200 whose body is not a completion is a proxy's page or a torn response: worth another try
     if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, openai.APIResponseValidationError,
-                        json.JSONDecodeError)):
+                        TimeoutError, MalformedReply)):
         return True
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code in (408, 409, 429) or exc.status_code >= 500
@@ -216,56 +317,58 @@ def wait_after(initial: float, maximum: float):
 
     def wait(state: RetryCallState) -> float:
         hinted = retry_after_s(state.outcome.exception()) if state.outcome else None
-        return hinted if hinted is not None else backoff(state)
+        # a hint is capped by retry.max_wait_s: a server (or a proxy in front of it) asking for an
+        # hour must not park a worker longer than the user allows between two attempts
+        return min(hinted, maximum) if hinted is not None else backoff(state)
 
     return wait
 
 
 def retry_after_s(exc: BaseException | None) -> float | None:
+    """The server's hint in seconds (Retry-After-Ms, else Retry-After as seconds or an HTTP date),
+    never negative; None when absent or unreadable (garbage, NaN, infinite): the backoff applies."""
     response = getattr(exc, "response", None)
     headers = getattr(response, "headers", None)
     if not headers:
         return None
-    millis = headers.get("retry-after-ms")
-    if millis:
-        try:
-            return max(float(millis) / 1000.0, 0.0)
-        except ValueError:
-            pass
+    millis = seconds_in(headers.get("retry-after-ms"), 1000.0)
+    if millis is not None:
+        return millis
     value = headers.get("retry-after")
     if not value:
         return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
-    try:  # the HTTP-date form
-        return max(email.utils.parsedate_to_datetime(value).timestamp() - time.time(), 0.0)
-    except (TypeError, ValueError):
+    seconds = seconds_in(value, 1.0)
+    return seconds if seconds is not None else seconds_until(value)
+
+
+def seconds_in(value: str | None, per_second: float) -> float | None:
+    if not value:
         return None
+    try:
+        seconds = float(value) / per_second
+    except ValueError:
+        return None
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
 
 
-def usage_of(response: object) -> Usage:
-    usage = getattr(response, "usage", None)
-    if usage is None:
-        return Usage()
-    prompt_details = getattr(usage, "prompt_tokens_details", None)
-    completion_details = getattr(usage, "completion_tokens_details", None)
-    return Usage(
-        prompt=usage.prompt_tokens or 0,
-        cached=(getattr(prompt_details, "cached_tokens", 0) or 0) if prompt_details else 0,
-        completion=usage.completion_tokens or 0,
-        reasoning=(getattr(completion_details, "reasoning_tokens", 0) or 0) if completion_details else 0,
-    )
+def seconds_until(http_date: str) -> float | None:
+    try:
+        return max(email.utils.parsedate_to_datetime(http_date).timestamp() - time.time(), 0.0)
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return None
 
 
 def describe_error(exc: BaseException, secret: str = "") -> str:
     """One line about a failed call, with the key redacted before anything is cut."""
     import openai
 
-    if isinstance(exc, openai.APIStatusError):
+    if isinstance(exc, Abandoned):
+        text = ABANDONED
+    elif isinstance(exc, MalformedReply):
+        text = str(exc)
+    elif isinstance(exc, openai.APIStatusError):
         text = f"HTTP {exc.status_code}: {exc.message}"
-    elif isinstance(exc, openai.APITimeoutError):
+    elif isinstance(exc, (openai.APITimeoutError, TimeoutError)):
         text = "timed out"
     elif isinstance(exc, openai.APIConnectionError):
         text = f"connection failed: {exc.__cause__ or exc}"

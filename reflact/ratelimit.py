@@ -30,18 +30,19 @@ class Bucket:
 
 
 class RateLimiter:
-    def __init__(self, rpm: int | None, tpm: int | None) -> None:
+    def __init__(self, rpm: int | None, tpm: int | None, stop: threading.Event | None = None) -> None:
         self._requests = Bucket(rpm) if rpm else None
         self._tokens = Bucket(tpm) if tpm else None
         self._lock = threading.Lock()
+        self._stop = stop  # once set, waiting workers return at once (the run is stopping)
 
     def acquire(self, tokens: int) -> None:
         while True:
             with self._lock:
                 delay = self._try(tokens)
-            if delay == 0.0:
+            if delay == 0.0 or (self._stop is not None and self._stop.is_set()):
                 return
-            time.sleep(min(delay, 1.0))
+            time.sleep(min(delay, 1.0))  # short steps: a stop is noticed within a second
 
     def _try(self, tokens: int) -> float:
         wait_requests = self._requests.wait_for(1) if self._requests else 0.0

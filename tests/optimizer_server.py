@@ -18,9 +18,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 @dataclass
 class Response:
     status: int = 200
-    body: object = None  # dict -> JSON; str -> sent as is
+    body: object = None  # dict -> JSON; str -> sent as is (UTF-8); bytes -> sent as is
     headers: dict = field(default_factory=dict)
     delay_s: float = 0.0
+    # > 0: after the headers, the body goes one byte at a time, this many seconds apart (a server
+    # that keeps a connection alive without ever finishing)
+    trickle_s: float = 0.0
+    trickle_headers: bool = False  # with trickle_s: the status line and headers trickle too
 
 
 def chat_body(text: str, finish_reason: str = "stop", prompt_tokens: int = 100, completion_tokens: int = 50) -> dict:
@@ -68,6 +72,12 @@ def default_reply(request: dict) -> dict:
     return reply
 
 
+def response_bytes(body: object) -> bytes:
+    if isinstance(body, bytes):
+        return body
+    return (body if isinstance(body, str) else json.dumps(body)).encode("utf-8")
+
+
 class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # many workers connect at once; the default backlog of 5 drops some
 
@@ -104,18 +114,33 @@ class OptimizerServer:
                 )
                 if response.delay_s:
                     time.sleep(response.delay_s)
-                payload = response.body if isinstance(response.body, str) else json.dumps(response.body)
-                data = payload.encode("utf-8")
                 try:
-                    self.send_response(response.status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    for key, value in response.headers.items():
-                        self.send_header(key, value)
-                    self.end_headers()
-                    self.wfile.write(data)
+                    self._reply(response)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test)
+
+            def _reply(self, response: Response) -> None:
+                data = response_bytes(response.body)
+                self.send_response(response.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for key, value in response.headers.items():
+                    self.send_header(key, value)
+                if response.trickle_s and response.trickle_headers:
+                    # the handler buffers the status line and headers until end_headers: send them slowly
+                    head, self._headers_buffer = b"".join(self._headers_buffer) + b"\r\n", []
+                    self._trickle(head + data, response.trickle_s)
+                elif response.trickle_s:
+                    self.end_headers()
+                    self._trickle(data, response.trickle_s)
+                else:
+                    self.end_headers()
+                    self.wfile.write(data)
+
+            def _trickle(self, data: bytes, seconds: float) -> None:
+                for i in range(len(data)):
+                    self.wfile.write(data[i:i + 1])
+                    time.sleep(seconds)
 
         self._httpd = _Server(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True

@@ -1,6 +1,7 @@
 """The optimizer client's robustness against a misbehaving server (retries, re-asks, structured
-output fallback, cache, cost limit, rate limit, dry run), through the real client and the
-loopback server of tests/optimizer_server.py."""
+output fallback, cache, cost limit, rate limit, dry run, malformed bodies, odd Retry-After
+values, trickling replies, close() mid-call), through the real client and the loopback server of
+tests/optimizer_server.py."""
 
 from __future__ import annotations
 
@@ -11,23 +12,26 @@ import re
 import threading
 import time
 from collections import defaultdict
+from contextlib import closing
 from types import SimpleNamespace
 
 import openai
 import pytest
 
 from reflact import ratelimit
-from reflact.client import is_transient, make_client, retry_after_s
+from reflact.cache import ResponseCache
+from reflact.client import ABANDONED, is_transient, make_client, retry_after_s, wait_after
+from reflact.config import CacheMode
 from reflact.dataset import load_dataset
 from reflact.experiment import Launch, run_experiment
 from reflact.modes import get_mode
-from reflact.optimizer import DryRunEstimator
+from reflact.optimizer import CallError, DryRunEstimator, Reply, Usage
 from reflact.patches import check_reply
 from reflact.ratelimit import Bucket, RateLimiter
 from reflact.plan import plan_minibatches
 from reflact.stage import Stage
 from tests.conftest import make_config, write_dataset
-from tests.optimizer_server import Response, chat_body, default_reply
+from tests.optimizer_server import OptimizerServer, Response, chat_body, default_reply
 
 try:  # the HTTP client the installed openai SDK is built on
     import httpx2 as httpx
@@ -193,9 +197,10 @@ def test_retry_after_zero_wins_over_a_long_backoff(tmp_path, server, dataset):
 def test_retry_after_ms_is_honoured(tmp_path, server, dataset):
     script = FailFirst(lambda r: Response(429, error_body("slow down"), {"retry-after-ms": "50"}))
     server.script = script
-    # a backoff of at most 5 ms: only the header can make the wait reach 40 ms
+    # a first backoff of at most 2 ms (initial wait plus jitter): only the header can make the wait
+    # reach 40 ms; max_wait_s (which caps a hint too) leaves it room
     outcomes = run_stage(tmp_path, server, dataset, "optimizer.retry.initial_wait_s=0.001",
-                         "optimizer.retry.max_wait_s=0.005")
+                         "optimizer.retry.max_wait_s=1")
     assert_all_valid(tmp_path / "run", outcomes)
     assert server.count == 2 * N_MINIBATCHES
     assert all(o.retries == 1 for o in outcomes)
@@ -223,6 +228,12 @@ def test_retry_after_header_forms():
     past = email.utils.formatdate(time.time() - 30, usegmt=True)
     assert retry_after_s(exc({"Retry-After": past})) == 0.0
     assert retry_after_s(exc({"Retry-After": "soon"})) is None
+    # not finite or not a number: no hint (the backoff applies); negative: no wait
+    for garbage in ("nan", "NaN", "inf", "-inf", "1e999", "1,5", "0x10", "Wed, 21 Oct 99999 07:28:00 GMT"):
+        assert retry_after_s(exc({"Retry-After": garbage})) is None, garbage
+        assert retry_after_s(exc({"retry-after-ms": garbage})) is None, garbage
+    assert retry_after_s(exc({"retry-after-ms": "nan", "retry-after": "2"})) == 2.0
+    assert retry_after_s(exc({"Retry-After": "-5"})) == 0.0 and retry_after_s(exc({"retry-after-ms": "-1"})) == 0.0
     assert retry_after_s(exc({})) is None
     assert retry_after_s(ValueError("no response")) is None
     assert retry_after_s(None) is None
@@ -718,3 +729,325 @@ def test_dry_run_experiment_logs_a_cost_estimate(tmp_path, server, dataset, capl
     assert re.search(r"estimated \$\d+\.\d{4} for gpt-5", line)
     assert f"${summary['counts']['cost_usd']:.4f}" in line
 
+
+
+# 9. a hostile or broken server: malformed bodies, Retry-After, trickling, the cache key, close ---
+
+MESSAGES = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+DROP = object()  # altered(): remove the key
+
+
+def client_for(tmp_path, server, *overrides, environ=None):
+    """A client of the loopback server with tiny retry waits and no cache (unless overridden)."""
+    cfg = make_config(f"data.dir={tmp_path}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.retry.initial_wait_s=0.01", "optimizer.retry.max_wait_s=0.05", "optimizer.cache=off",
+                      *overrides)
+    return make_client(cfg.optimizer, tmp_path, environ=environ or {})
+
+
+def altered(*path_and_value) -> dict:
+    """chat_body("hello") with the value at one path (keys and indexes) replaced, or DROPped."""
+    *path, value = path_and_value
+    body = chat_body("hello")
+    parent = body
+    for step in path[:-1]:
+        parent = parent[step]
+    if value is DROP:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return body
+
+
+MALFORMED = {
+    # name: (the body of a 200, what the call's cause starts with after "malformed reply: ")
+    "html_proxy_page": ("<html><body>502 Bad Gateway</body></html>",
+                        "the body is not JSON ('<html><body>502 Bad Gateway</body></html>')"),
+    "empty_body": ("", "the body is empty"),
+    "not_utf8": (b'{"choices": "\xff\xfe"}', "the body is not JSON"),
+    "nested_beyond_the_parser": ("[" * 100_000 + "]" * 100_000, "the body is not JSON"),
+    "json_list": ("[1, 2]", "the body is a list, not an object"),
+    "json_string": ('"fine"', "the body is a string, not an object"),
+    "json_null": ("null", "the body is null, not an object"),
+    "error_object": ({"error": {"message": "upstream timed out"}}, "no choices; the server said: upstream timed out"),
+    "choices_missing": (altered("choices", DROP), "no choices"),
+    "choices_null": (altered("choices", None), "choices is null"),
+    "choices_string": (altered("choices", "hello"), "choices is a string"),
+    "choices_object": (altered("choices", {"0": {}}), "choices is an object"),
+    "choices_empty": (altered("choices", []), "choices is empty"),
+    "choice_string": (altered("choices", 0, "hello"), "choices[0] is a string"),
+    "message_missing": (altered("choices", 0, "message", DROP), "choices[0] has no message"),
+    "message_null": (altered("choices", 0, "message", None), "choices[0].message is null"),
+    "message_string": (altered("choices", 0, "message", "hello"), "choices[0].message is a string"),
+    "message_list": (altered("choices", 0, "message", ["hello"]), "choices[0].message is a list"),
+    "content_list": (altered("choices", 0, "message", "content", ["hello"]), "choices[0].message.content is a list"),
+    "content_object": (altered("choices", 0, "message", "content", {"text": "hello"}),
+                       "choices[0].message.content is an object"),
+    "content_number": (altered("choices", 0, "message", "content", 42), "choices[0].message.content is a number"),
+    "content_boolean": (altered("choices", 0, "message", "content", True), "choices[0].message.content is a boolean"),
+    "finish_reason_list": (altered("choices", 0, "finish_reason", ["stop"]), "choices[0].finish_reason is a list"),
+    "finish_reason_number": (altered("choices", 0, "finish_reason", 1), "choices[0].finish_reason is a number"),
+    "finish_reason_object": (altered("choices", 0, "finish_reason", {}), "choices[0].finish_reason is an object"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_malformed_reply_is_retried_then_fails_the_call_naming_what_was_wrong(tmp_path, server, case):
+    body, cause = MALFORMED[case]
+    server.script = lambda r, n: Response(body=body)
+    with closing(client_for(tmp_path, server, "optimizer.retry.max_attempts=2")) as client:
+        with pytest.raises(CallError) as failed:
+            client.complete(MESSAGES, 10)
+        assert failed.value.cause.startswith(f"malformed reply: {cause}"), failed.value.cause
+        assert "\n" not in failed.value.cause and len(failed.value.cause) <= 300
+        assert failed.value.retries == 1 and server.count == 2
+        # a torn reply followed by a good one: the retry gets the good one
+        server.script = lambda r, n: Response(body=body) if n == 3 else Response(body=chat_body("fine"))
+        reply = client.complete(MESSAGES, 10)
+        assert reply.text == "fine" and reply.retries == 1 and server.count == 4
+
+
+@pytest.mark.parametrize("content", [None, "", DROP], ids=["null", "empty", "missing"])
+def test_valid_but_empty_content_is_a_reply_not_a_failure(tmp_path, server, content):
+    server.script = lambda r, n: Response(body=altered("choices", 0, "message", "content", content))
+    with closing(client_for(tmp_path, server)) as client:
+        reply = client.complete(MESSAGES, 10)
+    assert (reply.text, reply.finish_reason, reply.retries, server.count) == ("", "stop", 0, 1)
+
+
+def test_the_stage_records_malformed_replies_as_failed_minibatches(tmp_path, server):
+    data = write_dataset(tmp_path / "d", n_fail=8, n_succ=4)  # 3 minibatches
+    server.script = lambda r, n: Response(body="[]")
+    outcomes = run_stage(tmp_path, server, data, "optimizer.retry.max_attempts=2")
+    assert len(outcomes) == 3 and server.count == 6
+    for o in outcomes:
+        assert o.status == "failed" and o.error == "malformed reply: the body is a list, not an object", o.error
+        assert o.retries == 1 and o.failed_calls == 1
+
+
+def test_a_lone_surrogate_in_a_reply_is_saved_as_a_replacement_character(tmp_path, server):
+    """JSON can carry "\\ud800", which no UTF-8 file can hold: the reply and patch are still saved."""
+    data = write_dataset(tmp_path / "d", n_fail=4, n_succ=0)
+    server.script = lambda r, n: Response(body=chat_body(valid_text(r).replace("rule 0", "rule \ud800 0")))
+    [o] = run_stage(tmp_path, server, data)
+    assert o.status == "done", o.error
+    patch = json.loads((tmp_path / "run" / "patches" / f"{o.tag}.json").read_text(encoding="utf-8"))
+    assert patch["patch"]["edits"][0]["content"].startswith("- rule \ufffd 0")
+
+
+USAGE = {
+    # name: (the reply's body, the usage read, the field warned about or None)
+    "missing": (altered("usage", DROP), Usage(), None),
+    "null": (altered("usage", None), Usage(), None),
+    "string": (altered("usage", "lots"), Usage(), "usage"),
+    "list": (altered("usage", [100, 50]), Usage(), "usage"),
+    "prompt_tokens_null": (altered("usage", "prompt_tokens", None), Usage(0, 20, 50, 10), None),
+    "prompt_tokens_string": (altered("usage", "prompt_tokens", "100"), Usage(0, 20, 50, 10), "usage.prompt_tokens"),
+    "prompt_tokens_negative": (altered("usage", "prompt_tokens", -5), Usage(0, 20, 50, 10), "usage.prompt_tokens"),
+    "prompt_tokens_fractional": (altered("usage", "prompt_tokens", 10.5), Usage(0, 20, 50, 10), "usage.prompt_tokens"),
+    "prompt_tokens_boolean": (altered("usage", "prompt_tokens", True), Usage(0, 20, 50, 10), "usage.prompt_tokens"),
+    "prompt_tokens_huge": (altered("usage", "prompt_tokens", 10**30), Usage(0, 20, 50, 10), "usage.prompt_tokens"),
+    "prompt_tokens_5000_digits": (json.dumps(chat_body("hello")).replace('"prompt_tokens": 100', '"prompt_tokens": '
+                                                                         + "9" * 5000),
+                                  Usage(0, 20, 50, 10), "usage.prompt_tokens"),
+    "prompt_tokens_infinite": (json.dumps(chat_body("hello")).replace('"prompt_tokens": 100', '"prompt_tokens": 1e999'),
+                               Usage(0, 20, 50, 10), "usage.prompt_tokens"),
+    "prompt_tokens_nan": (json.dumps(chat_body("hello")).replace('"prompt_tokens": 100', '"prompt_tokens": NaN'),
+                          Usage(0, 20, 50, 10), "usage.prompt_tokens"),
+    "prompt_tokens_whole_float": (altered("usage", "prompt_tokens", 100.0), Usage(100, 20, 50, 10), None),
+    "completion_tokens_list": (altered("usage", "completion_tokens", [50]), Usage(100, 20, 0, 10),
+                               "usage.completion_tokens"),
+    "prompt_details_string": (altered("usage", "prompt_tokens_details", "x"), Usage(100, 0, 50, 10),
+                              "usage.prompt_tokens_details"),
+    "prompt_details_null": (altered("usage", "prompt_tokens_details", None), Usage(100, 0, 50, 10), None),
+    "cached_tokens_string": (altered("usage", "prompt_tokens_details", "cached_tokens", "20"), Usage(100, 0, 50, 10),
+                             "usage.prompt_tokens_details.cached_tokens"),
+    "cached_more_than_prompt": (altered("usage", "prompt_tokens_details", "cached_tokens", 150),
+                                Usage(100, 100, 50, 10), "usage.prompt_tokens_details.cached_tokens"),
+    "completion_details_list": (altered("usage", "completion_tokens_details", [10]), Usage(100, 20, 50, 0),
+                                "usage.completion_tokens_details"),
+    "reasoning_tokens_negative": (altered("usage", "completion_tokens_details", "reasoning_tokens", -1),
+                                  Usage(100, 20, 50, 0), "usage.completion_tokens_details.reasoning_tokens"),
+}
+
+
+@pytest.mark.parametrize("case", list(USAGE))
+def test_unreadable_token_counts_count_as_zero_with_one_warning(tmp_path, server, case, caplog):
+    """Usage only feeds token and cost totals: a reply is kept for it, the field named once."""
+    body, usage, warned = USAGE[case]
+    server.script = lambda r, n: Response(body=body)
+    with closing(client_for(tmp_path, server)) as client, caplog.at_level(logging.WARNING, logger="reflact"):
+        replies = [client.complete(MESSAGES, 10), client.complete(MESSAGES, 10)]
+    assert server.count == 2 and all(r.text == "hello" and r.retries == 0 and r.usage == usage for r in replies)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    if warned is None:
+        assert not warnings
+    else:  # once per field and client, not once per reply
+        assert len(warnings) == 1 and warnings[0].startswith(f"the optimizer's reply: {warned} is "), warnings
+
+
+BAD_RETRY_AFTER = ["nan", "NaN", "inf", "-inf", "1e999", "1e10", "Wed, 21 Oct 2099 07:28:00 GMT", "-5", "soon", ""]
+
+
+@pytest.mark.parametrize("value", BAD_RETRY_AFTER)
+@pytest.mark.parametrize("header", ["Retry-After", "retry-after-ms"])
+def test_a_429_with_any_retry_after_is_retried_within_max_wait(tmp_path, server, header, value):
+    server.script = lambda r, n: Response(429, error_body("slow down"), {header: value}) if n == 1 else None
+    # the hints that parse (1e10, a date in 2099) wait max_wait_s: 0.05 s
+    with closing(client_for(tmp_path, server, "optimizer.retry.max_attempts=2")) as client:
+        reply = client.complete(MESSAGES, 10)
+    assert reply.retries == 1 and server.count == 2
+
+
+def test_a_retry_after_hint_is_capped_by_max_wait_and_an_unreadable_one_falls_back_to_backoff():
+    wait = wait_after(0.01, 0.5)
+
+    def waited(headers: dict) -> float:
+        exc = SimpleNamespace(response=SimpleNamespace(headers=httpx.Headers(headers)))
+        return wait(SimpleNamespace(outcome=SimpleNamespace(exception=lambda: exc), attempt_number=1))
+
+    assert waited({"Retry-After": "0.2"}) == pytest.approx(0.2)
+    for hint in ("3", "1e10", "Wed, 21 Oct 2099 07:28:00 GMT"):
+        assert waited({"Retry-After": hint}) == 0.5
+    assert waited({"retry-after-ms": "1e12"}) == 0.5
+    assert waited({"Retry-After": "-5"}) == 0.0 and waited({"retry-after-ms": "-100"}) == 0.0
+    for garbage in ("nan", "inf", "-inf", "soon", "1e999"):
+        assert 0.01 <= waited({"Retry-After": garbage}) <= 0.02  # the backoff's first wait: 0.01 plus jitter
+
+
+@pytest.mark.parametrize("headers_too", [False, True], ids=["body", "headers_and_body"])
+def test_timeout_bounds_the_whole_request_against_a_trickling_server(tmp_path, server, headers_too):
+    """A server that sends a byte every 0.1 s never lets a single read time out."""
+    body = chat_body("x" * 40)
+    trickle = len(json.dumps(body)) * 0.1  # over 40 s to send it all
+    server.script = lambda r, n: Response(body=body, trickle_s=0.1, trickle_headers=headers_too)
+    with closing(client_for(tmp_path, server, "optimizer.timeout_s=1", "optimizer.retry.max_attempts=1")) as client:
+        started = time.monotonic()
+        with pytest.raises(CallError) as failed:
+            client.complete(MESSAGES, 10)
+        took = time.monotonic() - started
+    assert failed.value.cause == "timed out" and server.count == 1
+    assert took < trickle / 2  # a bound on the behaviour (the deadline holds), not a benchmark
+
+
+SCHEMA = {"type": "object", "properties": {"patch": {"type": "object"}}}
+KEY_BASE = {"server": "a", "provider": "openai", "deployment": "dep-a", "api_version": "2024-10-21", "model": "test",
+            "messages": MESSAGES, "allowance": 10, "token_limit_param": "max_completion_tokens", "temperature": 0.0,
+            "reasoning_effort": "high", "structured_output": "json_schema", "schema": SCHEMA, "sample": 0}
+AZURE = {"provider": "azure"}
+KEY_FIELDS = {
+    # field: (the base request's changes to KEY_BASE, the one change that must miss the cache)
+    "base_url": ({}, {"server": "b"}),
+    "model": ({}, {"model": "test-2"}),
+    "messages": ({}, {"messages": [MESSAGES[0], {"role": "user", "content": "u2"}]}),
+    "max_output_tokens": ({}, {"allowance": 11}),
+    "token_limit_param": ({}, {"token_limit_param": "max_tokens"}),
+    "temperature": ({}, {"temperature": 0.5}),
+    "reasoning_effort": ({}, {"reasoning_effort": "low"}),
+    "structured_output": ({}, {"structured_output": "json_object"}),
+    "schema": ({}, {"schema": {**SCHEMA, "required": ["patch"]}}),
+    "sample": ({}, {"sample": 1}),
+    "azure_endpoint": (AZURE, {"server": "b"}),
+    "azure_deployment": (AZURE, {"deployment": "dep-b"}),
+    "azure_api_version": (AZURE, {"api_version": "2025-01-01-preview"}),
+}
+
+
+def cached_ask(tmp_path, servers, **changes):
+    """One request through a new client on a shared response cache."""
+    s = {**KEY_BASE, **changes}
+    overrides = [f"optimizer.model={s['model']}", f"optimizer.token_limit_param={s['token_limit_param']}",
+                 f"optimizer.temperature={s['temperature']}", f"optimizer.reasoning_effort={s['reasoning_effort']}",
+                 f"optimizer.structured_output={s['structured_output']}", f"optimizer.sample={s['sample']}",
+                 *with_cache(tmp_path)]
+    server = servers[s["server"]]
+    if s["provider"] == "azure":
+        overrides += ["optimizer=azure", "optimizer.base_url=null",
+                      f"optimizer.azure.endpoint={server.base_url.removesuffix('/v1')}",
+                      f"optimizer.azure.deployment={s['deployment']}",
+                      f"optimizer.azure.api_version={s['api_version']}"]
+    with closing(client_for(tmp_path, server, *overrides, environ={"AZURE_OPENAI_API_KEY": "k"})) as client:
+        return client.complete(s["messages"], s["allowance"], s["schema"])
+
+
+@pytest.mark.parametrize("field", list(KEY_FIELDS))
+def test_every_field_of_the_cache_key_matters(tmp_path, server, field):
+    base, change = KEY_FIELDS[field]
+    with OptimizerServer() as other:
+        servers = {"a": server, "b": other}
+        assert not cached_ask(tmp_path, servers, **base).from_cache
+        assert cached_ask(tmp_path, servers, **base).from_cache  # the same request: answered by the cache
+        assert not cached_ask(tmp_path, servers, **{**base, **change}).from_cache, f"{field} is not in the cache key"
+        assert server.count + other.count == 2
+
+
+def complete_in_thread(client) -> tuple[threading.Thread, dict]:
+    """client.complete on another thread; the dict gets its "reply" or "error", and "took"."""
+    result = {}
+
+    def run():
+        started = time.monotonic()
+        try:
+            result["reply"] = client.complete(MESSAGES, 10)
+        except CallError as exc:
+            result["error"] = exc
+        result["took"] = time.monotonic() - started
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def test_close_abandons_a_call_in_flight_and_refuses_later_ones(tmp_path, server):
+    release = threading.Event()
+
+    def script(request, number):
+        release.wait(30)  # a server that answers in 30 s (let go at the end, so that it can stop)
+        return None
+
+    server.script = script
+    client = client_for(tmp_path, server, "optimizer.timeout_s=60", *with_cache(tmp_path))
+    try:
+        thread, result = complete_in_thread(client)
+        time.sleep(0.5)
+        client.close()
+        thread.join(15)
+        assert not thread.is_alive() and "reply" not in result
+        assert result["error"].cause == ABANDONED and result["took"] < 15  # well before the server answers
+        with pytest.raises(CallError) as later:  # at once, without a request
+            client.complete(MESSAGES, 10)
+        assert later.value.cause == ABANDONED and server.count == 1
+        client.forget([Reply("", "stop", Usage(), 0.0, cache_key="k")])  # a worker's forget after close is harmless
+        client.close()  # and so is a second close
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("waiting_for", ["backoff", "rate_limit"])
+def test_close_ends_a_wait_between_requests_at_once(tmp_path, server, waiting_for):
+    if waiting_for == "backoff":  # a 503, then a 30 s wait before the retry
+        server.script = lambda r, n: Response(503, error_body("unavailable"))
+        overrides = ["optimizer.retry.initial_wait_s=30", "optimizer.retry.max_wait_s=30"]
+    else:  # one request a minute: the second call waits for the limiter
+        overrides = ["optimizer.rpm=1"]
+    client = client_for(tmp_path, server, *overrides)
+    if waiting_for == "rate_limit":
+        client.complete(MESSAGES, 10)
+    thread, result = complete_in_thread(client)
+    time.sleep(0.5)
+    client.close()
+    thread.join(15)
+    assert not thread.is_alive() and result["error"].cause == ABANDONED and result["took"] < 15
+    assert server.count == 1  # no request after the close
+
+
+def test_a_closed_cache_neither_answers_nor_keeps(tmp_path):
+    cache = ResponseCache(tmp_path / "cache.db", CacheMode.read_write)
+    cache.put("k", {"text": "t"})
+    cache.close()
+    cache.put("k2", {"text": "t"})  # a worker finishing after close: no error
+    cache.forget(["k"])
+    assert cache.get("k") is None
+    reopened = ResponseCache(tmp_path / "cache.db", CacheMode.read_write)
+    assert reopened.get("k") == {"text": "t"} and reopened.get("k2") is None
+    reopened.close()
