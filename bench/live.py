@@ -78,8 +78,8 @@ def new_launch(work: Path, name: str, store: Path | None = None) -> Path:
         shutil.copyfile(store, db)
         location = (launch / "outputs" / "mlartifacts").resolve().as_uri()
         with sqlite3.connect(db) as connection:
-            connection.execute("UPDATE experiments SET artifact_location = ? WHERE artifact_location LIKE '%/mlartifacts'",
-                               (location,))
+            connection.execute("UPDATE experiments SET artifact_location = ? "
+                               "WHERE artifact_location LIKE '%/mlartifacts'", (location,))
         connection.close()
     return launch
 
@@ -121,7 +121,8 @@ def tail(stats: dict, latency: float, exited_at: float, run_dir: Path | None = N
     progress = [when(l) for l in lines if re.search(r"\] - \[ *\d+/\d+\]", l)]
     done = next((when(l) for l in lines if "] - done:" in l), None)
     if progress and done:
-        result.update(to_last_minibatch=progress[-1] - last_reply, to_done=done - progress[-1], to_exit=exited_at - done)
+        result.update(to_last_minibatch=progress[-1] - last_reply, to_done=done - progress[-1],
+                      to_exit=exited_at - done)
     return result
 
 
@@ -161,7 +162,8 @@ def one_repeat(i: int, data: Path, server: Server, work: Path, store: Path, pyth
         got[f"rerun {REF}"] = run_ref(python, data, server, work, f"r{i}", args)
         if i == 0:
             summary = json.loads((launches[WARM] / "runs" / "r" / "summary.json").read_text())
-            print(f"  the same minibatches in reflact and the reference: {same_minibatches(summary, got[REF]['minibatches'])}")
+            same = same_minibatches(summary, got[REF]["minibatches"])
+            print(f"  the same minibatches in reflact and the reference: {same}")
     for launch in launches.values():
         rmtree(launch)
     return got
@@ -208,13 +210,16 @@ def print_part3(repeats: list[dict]) -> None:
         if key not in repeats[0]:
             continue
         runs = [r[key] for r in repeats]
-        left = "   MLflow run left as it is: " + ("yes" if all(r["left_as_is"] for r in runs) else "NO") if name == WARM else ""
+        left = ""
+        if name == WARM:
+            left = "   MLflow run left as it is: " + ("yes" if all(r["left_as_is"] for r in runs) else "NO")
         print(f"  {name:22s} calls {runs[-1]['calls']:3d}  {median_text([r['proc'].wall_s for r in runs]):32s} "
               f"peak RSS {statistics.median(r['proc'].max_rss_mb for r in runs):4.0f}MB{left}")
     if f"rerun {REF}" in repeats[0]:
         ref = statistics.median(r[f"rerun {REF}"]["proc"].wall_s for r in repeats)
         for name in (WARM, OFF):
-            print(f"  ratio {name} / reference: {statistics.median(r[f'rerun {name}']['proc'].wall_s for r in repeats) / ref:.3f}")
+            ours = statistics.median(r[f"rerun {name}"]["proc"].wall_s for r in repeats)
+            print(f"  ratio {name} / reference: {ours / ref:.3f}")
 
 
 # ---------------------------------------------------------------- part 4: disk
@@ -296,6 +301,11 @@ def part4(work: Path, inputs: Path, store: Path, args) -> None:
                   f"CPU {first['proc'].cpu_s:6.1f} s  peak RSS {first['proc'].max_rss_mb:5.0f} MB   "
                   f"again: calls {again['calls']}, {again['proc'].wall_s:5.1f} s, "
                   f"peak RSS {again['proc'].max_rss_mb:4.0f} MB", flush=True)
+            left = ""
+            if mlflow:
+                left = f", left as it is by the same command again: {'yes' if again['left_as_is'] else 'NO'}"
+            print(f"      after the last reply: {tail_text(first['tail'])}; MLflow run "
+                  f"{first['mlflow_status'] or '-'}{left}")
             if first["disk"]:
                 print_disk(first["disk"], again["disk"])
     rmtree(data)
@@ -306,10 +316,21 @@ def part4(work: Path, inputs: Path, store: Path, args) -> None:
               f"({on - off:+.1f} s)")
 
 
+def tail_text(t: dict | None) -> str:
+    if not t:
+        return "-"
+    text = f"{t['total']:.2f} s"
+    if "to_done" in t:
+        text += f" (to the last minibatch line {t['to_last_minibatch']:.2f} s, to 'done:' {t['to_done']:.2f} s, " \
+                f"to the exit {t['to_exit']:.2f} s)"
+    return text
+
+
 def print_disk(first: dict, again: dict) -> None:
     mb = 1 / 2**20
     a = first["artifacts"]
-    print(f"      disk: run dir {first['run_dir'] * mb:.1f} MB; MLflow adds mlflow.db +{first['db_growth'] * mb:.1f} MB "
+    print(f"      disk: run dir {first['run_dir'] * mb:.1f} MB; MLflow adds mlflow.db "
+          f"+{first['db_growth'] * mb:.1f} MB "
           f"(now {first['db'] * mb:.1f} MB) and artifacts {a['bytes'] * mb:.1f} MB of their own "
           f"({a['files']} files, {a['linked']} of them hard links into the run dir; {a['dirs']} folders)")
     print(f"      after the same command again: mlflow.db +{again['db_growth'] * mb:.2f} MB, artifacts "
