@@ -34,20 +34,41 @@ class Asked:
 
 
 class Spend:
-    """Dollars spent by the run so far, against `optimizer.max_cost_usd`; shared by the workers."""
+    """Dollars spent by the run, against `optimizer.max_cost_usd`, shared by the workers. A request
+    reserves what it could cost at most before it starts, and settles what it did cost when it
+    ends, so the cap holds whatever the number of workers."""
 
     def __init__(self, limit: float | None) -> None:
         self.limit = limit
         self.spent = 0.0
-        self._lock = threading.Lock()
+        self.reserved = 0.0
+        self._settled = threading.Condition()
 
-    def allows_new_call(self) -> bool:
-        with self._lock:
-            return self.limit is None or self.spent < self.limit
+    def reserve(self, worst: float, stopping: threading.Event) -> bool:
+        """True when the request may start. While other requests' reservations are out, waits for
+        them to settle (they usually cost less than their worst case); False once it cannot fit."""
+        with self._settled:
+            while self.limit is not None and self.spent + self.reserved + worst > self.limit:
+                if self.reserved <= 0 or stopping.is_set():
+                    return False
+                self._settled.wait(timeout=1.0)
+            self.reserved += worst
+            return True
 
-    def add(self, cost: float) -> None:
-        with self._lock:
+    def settle(self, worst: float, cost: float) -> None:
+        with self._settled:
+            self.reserved = max(self.reserved - worst, 0.0)
             self.spent += cost
+            self._settled.notify_all()
+
+
+def worst_cost(messages: list[dict], allowance: int, price: Price | None) -> float:
+    """The most a request can cost: a token is at least one byte of the prompt (plus a few for each
+    message's role), none of it cached, and the whole output allowance used."""
+    if price is None:
+        return 0.0
+    prompt = sum(len(m["content"].encode("utf-8")) + 8 for m in messages)
+    return (prompt * price.input + allowance * price.output) / 1e6
 
 
 def reask_message(error: str) -> str:
@@ -123,18 +144,21 @@ class Asker:
         """One request; an Asked when the conversation must end here (stopping, cost limit, failed call)."""
         if self.stopping.is_set():
             return Asked("failed", tally, error="stopped: the run was interrupted before this request")
-        if not self.spend.allows_new_call():
+        worst = worst_cost(conversation, allowance, self.price)
+        if not self.spend.reserve(worst, self.stopping):
             return Asked("not_run", tally, error="cost limit reached")
         self.publish(CallStarted(tag, number))
         try:
             reply = self.optimizer.complete(conversation, allowance, self.schemas[group])
         except CallError as exc:
+            self.spend.settle(worst, 0.0)
             tally.retries += exc.retries
             tally.failed_calls += 1
             tally.call_log.append({"error": exc.cause, "retries": exc.retries})
             self.publish(Replied(tag, number, list(conversation), None, error=exc.cause))
             return Asked("failed", tally, error=exc.cause)
         cost = self._count(reply, allowance, len(conversation), tally)
+        self.spend.settle(worst, 0.0 if reply.estimated else cost)
         self.publish(Replied(tag, number, list(conversation), reply, cost_usd=cost))
         return reply
 
@@ -151,7 +175,6 @@ class Asker:
             tally.calls += 1
             tally.retries += reply.retries
             tally.spent_usd += cost
-            self.spend.add(cost)
         tally.call_log.append({
             "started_at": reply.started_at, "latency_s": round(reply.latency_s, 3), "from_cache": reply.from_cache,
             "finish_reason": reply.finish_reason, "max_output_tokens": allowance, "structured": reply.structured,

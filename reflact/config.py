@@ -141,7 +141,7 @@ class OptimizerConfig:
     cache_path: Optional[str] = None  # default: <launch dir>/outputs/cache.db
     context_window: Optional[int] = None  # tokens; prompts that would not fit are split or shortened
     context_overflow: ContextOverflow = ContextOverflow.split
-    max_cost_usd: Optional[float] = None  # once spent, no new call starts
+    max_cost_usd: Optional[float] = None  # spend never passes it: a call starts only if its worst case fits
     rpm: Optional[int] = None  # requests per minute, shared by all workers of a run
     tpm: Optional[int] = None  # tokens per minute (prompt estimate + output allowance)
     dry_run: bool = False  # build and save every prompt, estimate tokens and cost, call nothing
@@ -244,6 +244,11 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     _check_mlflow(cfg.mlflow)
     _check_optimized_metric(cfg.optimized_metric)
     cfg.optimizer.prices = {model: _price(model, value) for model, value in cfg.optimizer.prices.items()}
+    o = cfg.optimizer
+    if o.max_cost_usd is not None and o.model not in o.prices:
+        raise UserError(f"optimizer.max_cost_usd: the model {o.model!r} has no price, so the cap could not hold; "
+                        f"set +optimizer.prices.{o.model}={{input:...,cached_input:...,output:...}} (USD per million "
+                        "tokens)")
     return cfg
 
 

@@ -15,7 +15,7 @@ from reflact.errors import Stopped
 from reflact.live import LiveRun
 from reflact.mirror import RunContext
 from reflact.optimizer import make_optimizer
-from reflact.rundir import RunDir
+from reflact.rundir import RunDir, locked
 from reflact.stage import Stage
 from reflact.summary import run_status, summarize
 
@@ -49,31 +49,43 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
     dataset = load_dataset(cfg.data)
     optimizer = make_optimizer(cfg, launch.launch_dir, dataset.skill)
     stage = Stage(cfg, dataset, optimizer, run_dir)
-    if launch.record_config is not None:
-        launch.record_config()
-    tracker = None
-    if cfg.mlflow.enabled:
-        tracker = LiveRun(RunContext(cfg, params, stage.run_dir, launch.launch_dir, started_at, dataset,
-                                     stage.system, launch.overrides, launch.sweep_dir, launch.job))
-        stage.observe(tracker)
+    with locked(stage.run_dir):
+        if launch.record_config is not None:
+            launch.record_config()
+        tracker = None
+        if cfg.mlflow.enabled:
+            tracker = LiveRun(RunContext(cfg, params, stage.run_dir, launch.launch_dir, started_at, dataset,
+                                         stage.system, launch.overrides, launch.sweep_dir, launch.job))
+            stage.observe(tracker)
+        try:
+            return _run(cfg, stage, optimizer, tracker, started_at)
+        except KeyboardInterrupt as exc:
+            if tracker is not None:
+                tracker.finish(None, "KILLED")
+            raise Stopped(f"{exc if isinstance(exc, Stopped) else 'interrupted'}: no new call was started; continue "
+                          f"with the same hydra.run.dir={run_dir}", getattr(exc, "exit_code", 130)) from None
+        except BaseException:  # a full disk, a bug: the MLflow run must not stay RUNNING
+            if tracker is not None and not tracker.finished:
+                tracker.finish(None, "FAILED")
+            raise
+
+
+def _run(cfg: ReflactConfig, stage: Stage, optimizer, tracker: LiveRun | None, started_at: float) -> RunResult:
+    """The stage, then the run's summary and report, its status, and the end of its MLflow run."""
+    dataset = stage.dataset
     if dataset.skipped:
         log.info("skipping %d run(s) without a usable conversation: %s", len(dataset.skipped),
                  ", ".join(sorted(dataset.skipped)[:10]) + (" ..." if len(dataset.skipped) > 10 else ""))
     try:
         outcomes = stage.run()
-    except KeyboardInterrupt as exc:
-        if tracker is not None:
-            tracker.finish(None, "KILLED")
-        raise Stopped(f"{exc if isinstance(exc, Stopped) else 'interrupted'}: no new call was started; continue "
-                      f"with the same hydra.run.dir={run_dir}", getattr(exc, "exit_code", 130)) from None
     finally:
         optimizer.close()
     summary = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.system.hashes(), started_at,
                         time.time)
-    status, reason = run_status(summary["counts"], cfg, outcomes, run_dir)
+    status, reason = run_status(summary["counts"], cfg, outcomes, stage.run_dir.root)
     run_id = tracker.finish(summary, status) if tracker is not None else None
     report_end(cfg, summary, stage.mode.label, stage.run_dir)
-    return RunResult(Path(run_dir), summary, status, reason, run_id)
+    return RunResult(stage.run_dir.root, summary, status, reason, run_id)
 
 
 def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: RunDir) -> None:

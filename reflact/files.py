@@ -9,6 +9,7 @@ write with a one-line `DiskFull` (a user mistake: exit code 2) and leaves the ol
 from __future__ import annotations
 
 import errno
+import filecmp
 import json
 import os
 import secrets
@@ -54,6 +55,8 @@ def atomic_writer(path: Path, durable: bool = False) -> Iterator[TextIO]:
 
     The rename alone survives a killed process; `durable` also survives a power cut (an
     fsync, a few ms on a busy disk: kept for paid-for results, not for files we can rebuild).
+    A file already holding the same bytes is left as it is: a rerun that changes nothing then
+    changes no file (and an artifact store's hard links to it still share its bytes).
     """
     tmp = None
     try:
@@ -64,7 +67,10 @@ def atomic_writer(path: Path, durable: bool = False) -> Iterator[TextIO]:
             if durable:
                 handle.flush()
                 os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        if path.is_file() and filecmp.cmp(tmp, path, shallow=False):
+            Path(tmp).unlink()
+        else:
+            os.replace(tmp, path)
     except BaseException as exc:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)

@@ -20,12 +20,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-from reflact.events import CallStarted, MinibatchEnded
+from reflact.events import CallStarted, MinibatchEnded, Replied
 from reflact.mirror import RunContext
 from reflact.tracking import Store, mlflow_globals_at, one_line, tracking_uri
 from reflact.mirror import Mirror
 
 log = logging.getLogger("reflact")
+SAVED: dict = {}  # stands for a saved patch in the queue
 
 
 @dataclass(frozen=True)
@@ -41,21 +42,27 @@ class LiveRun:
         self.context = context
         self.uri = tracking_uri(context.cfg, context.launch_dir)
         self.run_id: str | None = None
+        self.finished = False
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._patches: dict[str, str] = {}  # tag -> the patch's fingerprint, or the minibatch's status
 
     def __call__(self, event) -> None:
-        self._queue.put(event)
         if isinstance(event, MinibatchEnded):
             patch = event.patch or {}
             self._patches[event.outcome.tag] = str(patch.get("fingerprint") or event.outcome.status)
-        elif isinstance(event, CallStarted) and self._thread is None:
+            # the queue holds what the tracker needs, not the patch itself (it is on disk)
+            event = MinibatchEnded(event.outcome, SAVED if event.patch is not None else None)
+        elif isinstance(event, Replied) and not self.context.cfg.mlflow.trace_calls:
+            return  # its messages are only needed for a trace
+        self._queue.put(event)
+        if isinstance(event, CallStarted) and self._thread is None:
             self._start()
 
     def finish(self, summary: dict | None, status: str) -> str | None:
         """Logs what is left, ends the run with `status` and its real end time."""
+        self.finished = True
         record = self.context.run_dir.mlflow_record()
         if self._thread is None and status == "FINISHED" and self._up_to_date(record):
             log.info("MLflow run %s already holds this run's patches; left as it is", record["run_id"])

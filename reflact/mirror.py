@@ -9,6 +9,7 @@ from a finished run dir, so both write the same names and values.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,8 +20,10 @@ from reflact.events import MinibatchEnded, Planned, Replied
 from reflact.outcome import Outcome
 from reflact.prompts import SystemPrompts, content_hash
 from reflact.rundir import RunDir, SweepDir
-from reflact.tracking import (Store, context_tags, dataset_digest, minibatch_metrics, prompt_name, run_name,
-                              setting_metrics, sweep_id, total_metrics)
+from reflact.tracking import (Store, context_tags, dataset_digest, minibatch_metrics, one_line, prompt_name,
+                              run_name, setting_metrics, sweep_id, total_metrics)
+
+log = logging.getLogger("reflact")
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ class Mirror:
                 self._trace(event)
             elif isinstance(event, MinibatchEnded):
                 rows += self._ended(event.outcome)
-                files += self.context.run_dir.minibatch_files(event.outcome.tag)
+                files += self.context.run_dir.minibatch_files(event.outcome.tag, event.patch is not None)
         if any(isinstance(e, MinibatchEnded) for e in events):
             totals = total_metrics(self.totals.counts(), self.context.cfg.optimizer.dry_run)
             rows += [(key, value, self.totals.ended) for key, value in totals.items()]
@@ -110,7 +113,7 @@ class Mirror:
             rows = [(k, v, self.totals.ended) for k, v in total_metrics(summary["counts"], dry_run).items()]
             for record in summary["minibatches"]:
                 step = self.positions.get(record["tag"], 0)
-                rows += [(k, v, step) for k, v in minibatch_metrics(record).items() if "apply" in k or "edits_" in k]
+                rows += [(k, v, step) for k, v in minibatch_metrics(record).items() if k == "minibatch/apply_share"]
             self.store.log_metrics(rows, _now_ms())
             self.store.log_files(self.context.run_dir.run_files())
             self._log_kept_items()
@@ -146,11 +149,16 @@ class Mirror:
         self.store.log_dataset(folder.name, dataset_digest(skill, results, conversations), folder.as_uri(), profile)
 
     def _link_prompts(self, system: SystemPrompts) -> None:
+        """The templates in MLflow's prompt registry; a registry that fails costs a warning, not the run."""
         c = self.context
         overrides = {"failure": c.cfg.prompts.error, "success": c.cfg.prompts.success}
-        for group, text in (("failure", system.failure), ("success", system.success)):
-            name = prompt_name(group, c.cfg.reflect.update_mode, system.notes_allowed[group], bool(overrides[group]))
-            self.store.link_prompt(name, text, content_hash(text))
+        try:
+            for group, text in (("failure", system.failure), ("success", system.success)):
+                name = prompt_name(group, c.cfg.reflect.update_mode, system.notes_allowed[group],
+                                   bool(overrides[group]))
+                self.store.link_prompt(name, text, content_hash(text))
+        except Exception as exc:  # noqa: BLE001 - the template hashes are params either way
+            log.warning("the templates could not be linked from MLflow's prompt registry: %s", one_line(exc))
 
     def _trace(self, event: Replied) -> None:
         self.store.trace(event, self.context.cfg.optimizer.model)

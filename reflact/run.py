@@ -7,6 +7,7 @@ can drive reflact.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import hydra
@@ -48,13 +49,43 @@ def _record_config(dict_cfg: DictConfig, hc: DictConfig, run_dir: Path) -> None:
                                  OmegaConf.to_yaml({"hydra": hc}))
 
 
-@exits_on_user_error  # config errors raised while Hydra composes
 def main() -> None:
+    try:
+        _main()
+    except SystemExit as done:
+        if not isinstance(done.code, (int, type(None))):
+            raise
+        _exit_now(done.code or 0)
+    _exit_now(0)
+
+
+@exits_on_user_error  # config errors raised while Hydra composes
+def _main() -> None:
     config.register()
     # Hydra then raises instead of printing a multi-line report, so user mistakes get one line
     os.environ["HYDRA_FULL_ERROR"] = "1"
     raise_stopped_on_sigterm()
     _job()
+
+
+def _exit_now(code: int) -> None:
+    """Ends the process once its files, logs and exit handlers are done, skipping the interpreter's
+    teardown of every module MLflow imports (~0.7 s of a run's end, and nothing left to do). Only
+    when nothing else runs: a launcher's worker processes or threads get the usual shutdown."""
+    import atexit
+    import logging
+    import multiprocessing
+    import threading
+
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    if run_exit_handlers is None or others or multiprocessing.active_children():
+        sys.exit(code)
+    run_exit_handlers()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -73,8 +73,9 @@ def _patch_lines(o: Outcome, patch: dict, rows: list[dict], payload_key: str) ->
 def _pattern(p: object) -> str:
     if not isinstance(p, dict):
         return _short(p)
-    name = p.get("pattern") or p.get("name") or ""
-    rest = {k: v for k, v in p.items() if k not in ("pattern", "name")}
+    names = ("failure_type", "pattern", "name")
+    name = next((p[k] for k in names if p.get(k)), "")
+    rest = {k: v for k, v in p.items() if k not in names}
     return f"**{_short(name)}**: " + "; ".join(f"{k}: {_short(v)}" for k, v in rest.items())
 
 

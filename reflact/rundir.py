@@ -17,9 +17,12 @@ whole files, and the next run removes the temporaries.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import math
+import os
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Iterator
@@ -27,6 +30,7 @@ from typing import Iterator
 from pydantic import ValidationError
 
 from reflact.config import ReflactConfig
+from reflact.errors import UserError
 from reflact.files import atomic_writer, read_json, write_json, write_text
 from reflact.modes import MODES
 from reflact.optimizer import Usage
@@ -80,10 +84,12 @@ class RunDir:
             leftover.unlink()
 
     def write_prompt(self, tag: str, parts: list[list[dict]]) -> None:
-        """The messages of each part; replies and parts of an earlier, stale attempt go."""
+        """The messages of each part; replies, parts and the patch of an earlier, stale attempt go
+        (a redo that fails then leaves no patch of other settings behind)."""
         folder = self.call_dir(tag)
         for old in [*folder.glob("reply_*.txt"), *folder.glob("user_*.md")]:
             old.unlink()
+        self.patch_path(tag).unlink(missing_ok=True)
         write_text(self.system_path(tag), parts[0][0]["content"])
         for number, part in enumerate(parts, 1):
             write_text(self.user_path(tag, number), part[1]["content"])
@@ -119,8 +125,6 @@ class RunDir:
             outcome.reasks = int(earlier.get("reasks", 0))
             outcome.latency_s = float(earlier.get("latency_s", 0.0))
         return saved
-
-    # ------------------------------------------------------------------ reading back
 
     def patch(self, tag: str) -> dict | None:
         """The saved patch, or None when there is none, or it is unreadable or not of the shape
@@ -169,11 +173,12 @@ class RunDir:
 
     # ------------------------------------------------------------------ what tracking mirrors
 
-    def minibatch_files(self, tag: str) -> list[tuple[Path, str]]:
-        """(file, artifact folder) of one minibatch: its prompt, replies, record and patch."""
+    def minibatch_files(self, tag: str, with_patch: bool) -> list[tuple[Path, str]]:
+        """(file, artifact folder) of one minibatch: its prompt, replies, record (and patch)."""
         folder = self.call_dir(tag)
         files = [(path, f"calls/{tag}") for path in sorted(folder.iterdir())] if folder.is_dir() else []
-        return [pair for pair in files if not pair[0].name.startswith(".")] + [(self.patch_path(tag), "patches")]
+        files = [pair for pair in files if not pair[0].name.startswith(".")]
+        return files + [(self.patch_path(tag), "patches")] if with_patch else files
 
     def run_files(self) -> list[tuple[Path, str]]:
         """(file, artifact folder) of the run's own files and previews that exist."""
@@ -192,6 +197,26 @@ class RunDir:
 
 
 # ---------------------------------------------------------------------- shapes of what is read back
+
+
+@contextlib.contextmanager
+def locked(run_dir: "RunDir"):
+    """One process per run dir at a time: a second one (two shells, a double launch) would pay
+    for every call twice. The lock (`.lock`, holding the pid) goes with the process, however it ends."""
+    run_dir.root.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            other = handle.read().strip()
+            raise UserError(f"{run_dir.root} is in use by another reflact process{f' (pid {other})' if other else ''}"
+                            ": wait for it to end, or give this run its own hydra.run.dir") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
 
 
 def _count(value: object) -> bool:

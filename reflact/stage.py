@@ -28,6 +28,32 @@ from reflact.prompts import SystemPrompts, resolve_system_prompts, text_or_file
 from reflact.rundir import RunDir, fingerprint
 
 
+class Settled:
+    """The minibatches settled so far, and the window of prompts held (ready or in flight)."""
+
+    def __init__(self, publish: Publisher, size: int) -> None:
+        self.publish = publish
+        self.window = threading.BoundedSemaphore(size)
+        self.outcomes: dict[str, Outcome] = {}
+        self.crashed: list[BaseException] = []
+
+    def ended(self, outcome: Outcome, patch: dict | None) -> None:
+        self.outcomes[outcome.tag] = outcome  # one key per minibatch: no lock needed
+        self.publish(MinibatchEnded(outcome, patch))
+
+    def finished(self, future) -> None:
+        """A worker's minibatch settled (or was cancelled on a stop, or raised: a bug)."""
+        try:
+            if future.cancelled():
+                return
+            if future.exception() is not None:
+                self.crashed.append(future.exception())
+                return
+            self.ended(*future.result())
+        finally:
+            self.window.release()
+
+
 @dataclass
 class Ready:
     """A minibatch whose prompt is built and written, waiting for a free worker."""
@@ -71,40 +97,27 @@ class Stage:
         plan = plan_minibatches(self.dataset.results, self.cfg.reflect)
         self.publish(Planned(plan))
         self.run_dir.clean()
-        outcomes: dict[str, Outcome] = {}
-
-        def ended(outcome: Outcome, patch: dict | None) -> None:
-            outcomes[outcome.tag] = outcome  # one key per minibatch: no lock needed
-            self.publish(MinibatchEnded(outcome, patch))
-
-        workers = self.cfg.reflect.workers
-        window = threading.BoundedSemaphore(2 * workers)  # prompts held: ready or in flight
-
-        def finished(future) -> None:
-            try:
-                if future.exception() is None:
-                    ended(*future.result())
-            finally:
-                window.release()
-
-        with ThreadPoolExecutor(max_workers=workers) as pool:
+        settled = Settled(self.publish, 2 * self.cfg.reflect.workers)
+        with ThreadPoolExecutor(max_workers=self.cfg.reflect.workers) as pool:
             try:
                 futures = []
                 for mb in plan:
-                    window.acquire()
+                    settled.window.acquire()
+                    if settled.crashed:  # a bug in a worker: no new submission, reported as it is
+                        raise settled.crashed[0]
                     ready = self.prepare(mb)
                     if isinstance(ready, Ready):
                         futures.append(pool.submit(self.execute, ready))
-                        futures[-1].add_done_callback(finished)
+                        futures[-1].add_done_callback(settled.finished)
                     else:
-                        ended(*ready)
-                        window.release()
+                        settled.ended(*ready)
+                        settled.window.release()
                 for future in futures:
                     future.result()  # a worker's exception surfaces here
-            except BaseException:  # Ctrl-C, SIGTERM, or a bug in a worker
+            except BaseException:  # Ctrl-C, SIGTERM, or a bug
                 self.stop(pool)
                 raise
-        return [outcomes[mb.tag] for mb in plan]
+        return [settled.outcomes[mb.tag] for mb in plan]
 
     def stop(self, pool: ThreadPoolExecutor) -> None:
         """No new request starts; queued minibatches are dropped and requests in flight abandoned
@@ -138,7 +151,7 @@ class Stage:
             one = self.asker.ask(outcome.tag, outcome.group, part, len(tally.call_log), self._keep(outcome.tag))
             tally.add(one.tally)
             asked.append(one)
-            if one.status != "ok":
+            if one.status not in ("ok", "dry_run"):  # a dry run estimates every part
                 break
         outcome.count(tally)
         outcome.cost_usd = tally.usage.cost_usd(self.asker.price)

@@ -23,14 +23,12 @@ from urllib.parse import unquote, urlparse
 from reflact import __version__
 from reflact.config import ReflactConfig
 from reflact.modes import get_mode
-from reflact.summary import apply_metrics
 
 log = logging.getLogger("reflact")
 
 # per-minibatch series (step = the minibatch's position in the plan); the rest of its record is
 # in its outcome.json artifact: fewer rows keep large runs fast to log and to chart
-SERIES = ("analysed", "proposed", "kept", "truncated", "reasks", "retries", "calls", "cache_hits", "cost_usd",
-          "spent_usd", "latency_s")
+SERIES = ("proposed", "kept", "reasks", "retries", "cost_usd", "latency_s")
 SERIES_TOKENS = ("prompt", "completion")
 # what a dry run only estimates, logged under names of their own
 ESTIMATED = ("cost_usd", "tokens_prompt", "tokens_completion", "tokens_cached", "tokens_reasoning")
@@ -75,7 +73,8 @@ def minibatch_metrics(record: dict) -> dict[str, float]:
     """One minibatch's series values from its record (reflact.outcome.Outcome as a dict)."""
     metrics = {f"minibatch/{key}": float(record[key]) for key in SERIES if key in record}
     metrics.update({f"minibatch/tokens_{key}": float(record["usage"][key]) for key in SERIES_TOKENS})
-    metrics.update({f"minibatch/{key}": float(value) for key, value in apply_metrics(record.get("apply") or {}).items()})
+    if record.get("apply"):
+        metrics["minibatch/apply_share"] = float(record["apply"]["apply_share"])
     return metrics
 
 
@@ -204,15 +203,26 @@ class Store:
         self.client.log_inputs(self.run_id, [DatasetInput(dataset, [InputTag("mlflow.data.context", "reflect")])])
 
     def link_prompt(self, name: str, text: str, template_hash: str) -> None:
-        """Registers `text` under `name` unless its latest version holds it already; links it to the run."""
-        try:
-            version = self.client.load_prompt(f"prompts:/{name}@latest")
-        except Exception:  # noqa: BLE001 - not registered yet
-            version = None
-        if version is None or version.template != text:
-            version = self.client.register_prompt(name=name, template=text, commit_message=f"hash {template_hash}",
-                                                  tags={"reflact.template_hash": template_hash})
+        """Registers `text` under `name` unless its latest version holds it already; links it to the run.
+        Jobs of a sweep may register the same prompt at once: the loser of that race finds the winner's."""
+        for attempt in range(3):
+            version = self._latest_prompt(name)
+            if version is not None and version.template == text:
+                break
+            try:
+                version = self.client.register_prompt(name=name, template=text, tags={"reflact.template_hash":
+                                                      template_hash}, commit_message=f"hash {template_hash}")
+                break
+            except Exception:  # noqa: BLE001 - registered meanwhile by another job: look again
+                if attempt == 2:
+                    raise
         self.client.link_prompt_version_to_run(self.run_id, version)
+
+    def _latest_prompt(self, name: str):
+        try:
+            return self.client.load_prompt(f"prompts:/{name}@latest")
+        except Exception:  # noqa: BLE001 - not registered yet
+            return None
 
     def trace(self, event, model: str) -> None:
         """One request as an MLflow trace, linked to the run: the exact messages, the reply or the
@@ -252,6 +262,9 @@ def mlflow_defaults() -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    # traces are written on reflact's own tracker thread already; MLflow's async queue would add
+    # its own thread, polled once a second, that the end of every run had to wait for
+    os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
 
 
 @contextlib.contextmanager

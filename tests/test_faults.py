@@ -23,6 +23,7 @@ from reflact.cache import ResponseCache
 from reflact.client import ABANDONED, is_transient, make_client, retry_after_s, wait_after
 from reflact.config import CacheMode
 from reflact.dataset import load_dataset
+from reflact.errors import UserError
 from reflact.experiment import Launch, run_experiment
 from reflact.modes import get_mode
 from reflact.optimizer import CallError, DryRunEstimator, Reply, Usage
@@ -512,18 +513,31 @@ def test_cost_is_computed_from_the_price_table(tmp_path, server, small):
         assert o.cost_usd == pytest.approx((80 * 1.0 + 20 * 0.5 + 50 * 2.0) / 1e6)
 
 
-def test_cost_limit_stops_new_calls(tmp_path, server, dataset):
-    price = "optimizer.prices.gpt-5={input:10000,cached_input:0,output:0}"  # $0.80 per call
-    outcomes = run_stage(tmp_path, server, dataset, *PRICED, price, "optimizer.max_cost_usd=0.5",
-                         "reflect.workers=1")
-    assert server.count == 1
-    assert outcomes[0].status == "done" and outcomes[0].cost_usd == pytest.approx(0.8)
-    assert all(o.status == "not_run" and o.calls == 0 for o in outcomes[1:])
-    assert all(not (tmp_path / "run" / "patches" / f"{o.tag}.json").exists() for o in outcomes[1:])
+# a call's worst case here: 100 output tokens at $10,000 per million = $1.00 (input is free); what
+# the server's replies cost: 50 completion tokens = $0.50
+CAPPED = ["optimizer.prices.gpt-5={input:0,cached_input:0,output:10000}", "optimizer.max_output_tokens=100"]
+
+
+@pytest.mark.parametrize("workers", [1, 8])
+def test_spend_never_passes_the_cap_whatever_the_number_of_workers(tmp_path, server, dataset, workers):
+    outcomes = run_stage(tmp_path, server, dataset, *PRICED, *CAPPED, "optimizer.max_cost_usd=2.2",
+                         f"reflect.workers={workers}")
+    # a call starts only when its worst case fits beside what was spent and is in flight: after
+    # three calls ($1.50 spent) a fourth could reach $2.50
+    assert server.count == 3
+    assert sum(o.spent_usd for o in outcomes) == pytest.approx(1.5)
+    assert sorted(o.status for o in outcomes).count("done") == 3
+    assert {o.status for o in outcomes} == {"done", "not_run"}
+    assert all(not (tmp_path / "run" / "patches" / f"{o.tag}.json").exists() for o in outcomes if o.status == "not_run")
     # a rerun with room to spend does only what was not run
-    again = run_stage(tmp_path, server, dataset, *PRICED, price, "optimizer.max_cost_usd=100", "reflect.workers=1")
+    again = run_stage(tmp_path, server, dataset, *PRICED, *CAPPED, "optimizer.max_cost_usd=100", "reflect.workers=1")
     assert server.count == N_MINIBATCHES
-    assert [o.status for o in again] == ["reused"] + ["done"] * (N_MINIBATCHES - 1)
+    assert sorted(o.status for o in again) == ["done"] * (N_MINIBATCHES - 3) + ["reused"] * 3
+
+
+def test_a_call_whose_worst_case_does_not_fit_is_not_made(tmp_path, server, small):
+    outcomes = run_stage(tmp_path, server, small, *PRICED, *CAPPED, "optimizer.max_cost_usd=0.99")
+    assert server.count == 0 and {o.status for o in outcomes} == {"not_run"}
 
 
 def test_cost_limit_zero_makes_no_call(tmp_path, server, small):
@@ -534,9 +548,13 @@ def test_cost_limit_zero_makes_no_call(tmp_path, server, small):
 def test_cost_limit_also_stops_a_reask(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=4, n_succ=0)
     server.script = FailFirst(FAULTS["garbage"][0])
-    [o] = run_stage(tmp_path, server, data, *PRICED, "optimizer.prices.gpt-5={input:10000,cached_input:0,output:0}",
-                    "optimizer.max_cost_usd=0.5")
-    assert server.count == 1 and o.status == "not_run"
+    [o] = run_stage(tmp_path, server, data, *PRICED, *CAPPED, "optimizer.max_cost_usd=1.2")
+    assert server.count == 1 and o.status == "not_run"  # the re-ask's worst case would pass the cap
+
+
+def test_a_capped_model_without_a_price_is_refused(tmp_path):
+    with pytest.raises(UserError, match="optimizer.max_cost_usd.*no price"):
+        make_config(f"data.dir={tmp_path}", "optimizer.model=unpriced", "optimizer.max_cost_usd=5")
 
 
 def test_a_price_for_a_new_model_can_be_given_on_the_command_line(tmp_path):

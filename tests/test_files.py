@@ -165,3 +165,14 @@ def test_full_disk_ends_a_command_with_exit_code_2_and_one_line(tmp_path, full_d
     assert caught.value.code == 2
     assert err == f"reflact: error: no space left on the device writing {path}: free space and rerun with the " \
                   "same hydra.run.dir\n"
+
+
+def test_a_file_already_holding_the_bytes_is_left_as_it_is(tmp_path):
+    path = tmp_path / "out" / "summary.json"
+    write_text(path, "same\n")
+    first = path.stat().st_ino
+    write_text(path, "same\n")  # a rerun that changes nothing changes no file
+    assert path.stat().st_ino == first and path.read_text() == "same\n"
+    write_text(path, "other\n")
+    assert path.stat().st_ino != first and path.read_text() == "other\n"
+    assert not list(path.parent.glob(".*.tmp"))
