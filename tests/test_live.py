@@ -9,6 +9,7 @@ rest until the test opens it, so the test can look at the store while calls are 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -299,3 +300,121 @@ def test_a_sweep_dir_refuses_a_sweep_with_other_fixed_settings(tmp_path, launch_
     assert len(runs_of(uri)) == before
     more_seeds = run_cli(*args, f"data.dir={first}", "reflect.seed=7", cwd=launch_dir)  # a new axis value: fine
     assert more_seeds.returncode == 0, more_seeds.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. what a run shows: name, params, dataset, prompts, traces; a dry run; relog writes the same
+
+
+@pytest.fixture(scope="module")
+def shown(tmp_path_factory, migrated_store):
+    """One launch dir, one store: a run whose minibatches are split to fit the window, the same run
+    again with another template, a run without traces, a dry run, and the first run relogged into
+    a second store."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("shown")
+    launch = root / "launch"
+    (launch / "outputs").mkdir(parents=True)
+    shutil.copy(migrated_store, launch / "outputs" / "mlflow.db")
+    other = root / "other.db"
+    shutil.copy(migrated_store, other)
+    data = write_dataset(root / "data", n_fail=4, n_succ=2)
+    (root / "my_error.md").write_text("Find what went wrong.\nReply with one JSON object.\n")
+    uri = f"sqlite:///{launch / 'outputs' / 'mlflow.db'}"
+    with OptimizerServer() as server:
+        base = [f"data.dir={data}", "optimizer=compatible", f"optimizer.base_url={server.base_url}",
+                "optimizer.model=test", "optimizer.cache=off", "reflect.minibatch_size=4"]
+        runs = {
+            "split": [*base, "optimizer.context_window=2800", "optimizer.max_output_tokens=1000"],
+            "custom": [*base, f"prompts.error={root / 'my_error.md'}"],
+            "untraced": [*base, "mlflow.trace_calls=false"],
+            "dry": [f"data.dir={data}", "optimizer=dry_run", "reflect.minibatch_size=4"],
+        }
+        done = {name: run_cli(*args, f"hydra.run.dir={root / name}", cwd=launch) for name, args in runs.items()}
+        again = run_cli(*runs["split"], f"hydra.run.dir={root / 'split_again'}", cwd=launch)
+    relog = subprocess.run([sys.executable, "-m", "reflact.relog", str(root / "split"), "--tracking-uri",
+                            f"sqlite:///{other}"], cwd=launch, capture_output=True, text=True)
+    return {"root": root, "uri": uri, "other": f"sqlite:///{other}", "done": done, "again": again, "relog": relog,
+            "server": server}
+
+
+def one_run(uri: str, run_dir: Path):
+    [run] = runs_of(uri, run_dir)
+    return run
+
+
+def test_runs_are_named_by_what_differs_and_tagged_with_their_overrides(shown):
+    for name, proc in shown["done"].items():
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    run = one_run(shown["uri"], shown["root"] / "split")
+    assert run.info.run_name == "patch M4 L4 s42"
+    assert "optimizer.context_window=2800" in run.data.tags["reflact.overrides"]
+    assert one_run(shown["uri"], shown["root"] / "dry").info.run_name == "patch M4 L4 s42 dry run"
+    assert run.data.tags["mlflow.user"] and run.data.tags["mlflow.source.name"] == "reflact"
+
+
+def test_params_hold_what_was_set_and_leave_empty_settings_out(shown):
+    params = one_run(shown["uri"], shown["root"] / "split").data.params
+    assert params["optimizer.context_window"] == "2800" and params["reflect.minibatch_size"] == "4"
+    assert "" not in params.values()
+    assert not any(key.startswith("optimizer.azure") for key in params)  # not in use
+    assert "optimizer.temperature" not in params and params["template_hash.failure"]
+
+
+def test_relog_logs_the_same_params_and_metrics_as_the_live_run(shown):
+    assert shown["relog"].returncode == 0, shown["relog"].stderr[-2000:]
+    live = one_run(shown["uri"], shown["root"] / "split")
+    relogged = one_run(shown["other"], shown["root"] / "split")
+    assert relogged.data.params == live.data.params
+    wall = {"wall_time_s"}
+    assert {k: v for k, v in relogged.data.metrics.items() if k not in wall} == {
+        k: v for k, v in live.data.metrics.items() if k not in wall}
+    assert relogged.info.status == "FINISHED"
+
+
+def test_the_dataset_is_an_input_with_its_digest_and_counts(shown):
+    run = one_run(shown["uri"], shown["root"] / "split")
+    [dataset] = run.inputs.dataset_inputs
+    assert dataset.dataset.name == "data" and len(dataset.dataset.digest) == 16
+    assert json.loads(dataset.dataset.profile) == {"results": 6, "failures": 4, "successes": 2, "skipped": 0}
+    again = one_run(shown["uri"], shown["root"] / "split_again")
+    assert again.inputs.dataset_inputs[0].dataset.digest == dataset.dataset.digest
+
+
+def test_templates_are_registered_once_and_linked_to_each_run(shown):
+    client = client_for(shown["uri"])
+    linked = json.loads(one_run(shown["uri"], shown["root"] / "split").data.tags["mlflow.linkedPrompts"])
+    assert {(p["name"], p["version"]) for p in linked} == {("reflact.failure.patch", "1"),
+                                                           ("reflact.success.patch", "1")}
+    again = json.loads(one_run(shown["uri"], shown["root"] / "split_again").data.tags["mlflow.linkedPrompts"])
+    assert again == linked  # the same text: no new version
+    custom = json.loads(one_run(shown["uri"], shown["root"] / "custom").data.tags["mlflow.linkedPrompts"])
+    assert ("reflact.failure.patch.custom", "1") in {(p["name"], p["version"]) for p in custom}
+    assert client.load_prompt("prompts:/reflact.failure.patch.custom/1").template.startswith("Find what went wrong.")
+
+
+def test_each_request_is_a_trace_with_the_messages_of_its_own_part(shown):
+    run = one_run(shown["uri"], shown["root"] / "split")
+    traces = client_for(shown["uri"]).search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id,
+                                                    max_results=100)
+    users = sorted(t.data.spans[0].inputs["messages"][1]["content"] for t in traces)
+    summary = json.loads((shown["root"] / "split" / "summary.json").read_text())
+    assert len(traces) == summary["counts"]["calls"] > summary["counts"]["minibatches"]  # split into parts
+    parts = [(shown["root"] / "split" / "calls" / mb["tag"] / name).read_text()
+             for mb in summary["minibatches"] for name in ("user.md", "user_2.md")
+             if (shown["root"] / "split" / "calls" / mb["tag"] / name).is_file()]
+    assert users == sorted(parts)  # every part's exact prompt, none repeated
+
+
+def test_traces_are_off_with_trace_calls_false(shown):
+    run = one_run(shown["uri"], shown["root"] / "untraced")
+    assert not client_for(shown["uri"]).search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id)
+
+
+def test_a_dry_run_is_tagged_and_logs_estimates_under_their_own_names(shown):
+    run = one_run(shown["uri"], shown["root"] / "dry")
+    assert run.data.tags["reflact.dry_run"] == "true" and run.info.status == "FINISHED"
+    metrics = run.data.metrics
+    assert metrics["estimated_cost_usd"] > 0 and metrics["estimated_tokens_prompt"] > 0
+    assert not {"cost_usd", "spent_usd", "tokens_prompt"} & set(metrics)
