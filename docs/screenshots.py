@@ -135,6 +135,7 @@ def stage_code(launch: Path) -> Path:
     src = launch / "src"
     for name in CODE:
         shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy(REPO / "pyproject.toml", src)  # marks a checkout: reflact finds conf/ and prompts/ beside it
     return src
 
 
