@@ -86,16 +86,30 @@ def sweep_settings(config: DictConfig) -> tuple[dict[str, str], dict[str, list[s
 
     from reflact.config import params
 
-    swept: dict[str, list[str]] = {}
-    for override in OverridesParser.create().parse_overrides(list(config.hydra.overrides.task)):
+    parser = OverridesParser.create()
+    sweeper_params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
+    swept = {o.key_or_group: swept_values(o) for o in parser.parse_overrides(sweeper_params)}
+    # the command line wins over the sweeper's params, as in Hydra's sweepers: one value there fixes the key
+    for override in parser.parse_overrides(list(config.hydra.overrides.task)):
         if override.is_sweep_override():
-            swept[override.key_or_group] = override.input_line.split("=", 1)[1].split(",")
-    for key, values in (config.hydra.sweeper.get("params") or {}).items():
-        swept[str(key)] = str(values).split(",")
+            swept[override.key_or_group] = swept_values(override)
+        else:
+            swept.pop(override.key_or_group, None)
     ignored = set(config.hydra.job.config.override_dirname.exclude_keys) | set(swept)
     fixed = {k: v for k, v in params(_typed(config)).items()
              if k not in ignored and not k.startswith("mlflow.") and k != "name"}
     return fixed, swept
+
+
+def swept_values(override) -> list[str]:
+    """The values a swept key lists: `2,4,8`, `choice(2,4,8)` and `range(1,5)` item by item. What
+    a sampler draws from (Optuna's `interval(1,4)`), a glob or a single value stays as written."""
+    from hydra.core.override_parser.types import Glob
+
+    listed = override.is_choice_sweep() or override.is_range_sweep()
+    if listed and not isinstance(override.value(), Glob):
+        return list(override.sweep_string_iterator())
+    return [override.input_line.split("=", 1)[1]]
 
 
 # the grid's axes: the report keeps modes, M and L apart and averages over seeds, so a sweep dir may
