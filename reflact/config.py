@@ -242,7 +242,7 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     _check_optimizer_names(cfg.optimizer)
     _check_optimizer_urls(cfg.optimizer)
     _check_mlflow(cfg.mlflow)
-    _check_optimized_metric(cfg.optimized_metric)
+    _check_optimized_metric(cfg.optimized_metric, cfg.reflect.update_mode)
     cfg.optimizer.prices = {model: _price(model, value) for model, value in cfg.optimizer.prices.items()}
     o = cfg.optimizer
     if o.max_cost_usd is not None and o.model not in o.prices:
@@ -252,11 +252,13 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     return cfg
 
 
-def _check_optimized_metric(name: str | None) -> None:
-    from reflact.summary import RUN_METRICS
+def _check_optimized_metric(name: str | None, mode: str) -> None:
+    from reflact.summary import APPLY_METRICS, RUN_METRICS
 
     if name is not None and name not in RUN_METRICS:
         raise UserError(f"optimized_metric: unknown run metric {name!r} (known: {', '.join(RUN_METRICS)})")
+    if name in APPLY_METRICS and mode != "patch":
+        raise UserError(f"optimized_metric: {name} is counted in patch mode only, not in {mode}")
 
 
 def _check_data(d: DataConfig) -> None:

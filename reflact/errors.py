@@ -57,8 +57,18 @@ def user_error_message(exc: BaseException) -> str | None:
         return f"config: {key}: {first}" if key else f"config: {first}"
     if isinstance(exc, HydraException):
         text = str(exc).split("Config search path")[0]  # the search path only repeats our own folders
-        return "config: " + " ".join(line.strip() for line in text.splitlines() if line.strip())
+        return "config: " + " ".join(line.strip() for line in text.splitlines() if line.strip()) + _plugin_hint(text)
     return None
+
+
+# Hydra plugins reflact's presets use, and the extra that installs each
+PLUGIN_EXTRAS = {"hydra/sweeper/optuna": "optuna", "hydra/launcher/joblib": "parallel",
+                 "hydra/launcher/submitit": "slurm"}
+
+
+def _plugin_hint(text: str) -> str:
+    extra = next((extra for option, extra in PLUGIN_EXTRAS.items() if option in text), None)
+    return f" (install it with: pip install 'reflact[{extra}]')" if extra else ""
 
 
 def exits_on_user_error(command: Callable[..., T]) -> Callable[..., T]:

@@ -20,12 +20,13 @@ from reflact.run_report import minibatch_section, write_run_report
 from reflact.rundir import RunDir
 
 WITH_PATCH = ("done", "reused")
-# every run count in summary.json and MLflow (apply counts only in patch mode)
+# every run count in summary.json and MLflow; the apply counts in patch mode only
+APPLY_METRICS = ("edits_applied", "edits_fallback", "edits_skipped", "apply_share")
 RUN_METRICS = (
     "results", "failures", "successes", "skipped", "minibatches", *(f"minibatches_{s}" for s in STATUSES),
     "calls", "failed_calls", "reasks", "retries", "cache_hits", "edits_proposed", "edits_kept", "edits_truncated",
     "tokens_prompt", "tokens_cached", "tokens_completion", "tokens_reasoning", "cost_usd", "spent_usd",
-    "wall_time_s", "edits_applied", "edits_fallback", "edits_skipped", "apply_share",
+    "wall_time_s", *APPLY_METRICS,
 )
 
 

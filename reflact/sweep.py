@@ -122,9 +122,11 @@ def check_identity(sweep: SweepDir, fixed: dict[str, str], swept: dict[str, list
     decoding...) to another value; the grid's axes and keys swept by either may differ."""
     earlier = sweep.identity()
     old = earlier.get("fixed", {})
-    differing = [k for k in sorted(set(old) & set(fixed)) if old[k] != fixed[k] and k not in GRID_AXES]
-    if differing:
-        shown = "; ".join(f"{k}: {old[k]!r} there, {fixed[k]!r} now" for k in differing[:3])
+    may_vary = set(GRID_AXES) | set(earlier.get("swept", {})) | set(swept)
+    # a setting set on one side only differs too (params leave unset settings out)
+    differing = [k for k in sorted(set(old) | set(fixed)) if old.get(k) != fixed.get(k) and k not in may_vary]
+    if earlier and differing:
+        shown = "; ".join(f"{k}: {old.get(k, 'unset')!r} there, {fixed.get(k, 'unset')!r} now" for k in differing[:3])
         raise UserError(f"{sweep.root} holds a sweep with other fixed settings ({shown}); give this sweep its own "
                         "name=... (or hydra.sweep.dir=...)")
     sweep.write_identity({"fixed": {**old, **fixed}, "swept": {**earlier.get("swept", {}), **swept}})

@@ -418,3 +418,17 @@ def test_a_dry_run_is_tagged_and_logs_estimates_under_their_own_names(shown):
     metrics = run.data.metrics
     assert metrics["estimated_cost_usd"] > 0 and metrics["estimated_tokens_prompt"] > 0
     assert not {"cost_usd", "spent_usd", "tokens_prompt"} & set(metrics)
+
+
+def test_a_setting_set_on_one_side_only_is_another_fixed_setting(tmp_path):
+    from reflact.errors import UserError
+    from reflact.rundir import SweepDir
+    from reflact.sweep import check_identity
+
+    sweep = SweepDir(tmp_path)
+    check_identity(sweep, {"data.dir": "a", "reflect.seed": "1"}, {"reflect.edit_budget": ["1", "2"]})
+    check_identity(sweep, {"data.dir": "a", "reflect.seed": "2", "reflect.edit_budget": "4"}, {})  # axes may vary
+    with pytest.raises(UserError, match="optimizer.temperature: 'unset' there, '0.7' now"):
+        check_identity(sweep, {"data.dir": "a", "optimizer.temperature": "0.7"}, {})
+    with pytest.raises(UserError, match="data.dir: 'a' there, 'b' now"):
+        check_identity(sweep, {"data.dir": "b"}, {})
