@@ -56,7 +56,7 @@ def main() -> None:
             data = write_results(data_root / str(size), size, min(args.with_conversations, size))
             run_dir = work / f"run{size}"
             proc = run_process([PY, "-m", "reflact.run", f"data.dir={data}", "optimizer=dry_run",
-                                "mlflow.enabled=false", f"hydra.run.dir={run_dir}"], cwd=work)
+                                "mlflow.enabled=false", "data.max_file_mb=1024", f"hydra.run.dir={run_dir}"], cwd=work)
             if proc.returncode != 0:
                 sys.exit(f"the run of {size} lines failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
             counts = json.loads((run_dir / "summary.json").read_text())["counts"]
