@@ -256,10 +256,11 @@ def _outcome_ok(saved: object) -> bool:
             and all(_amount(saved.get(key, 0)) for key in ("cost_usd", "latency_s")))
 
 
-def fingerprint(cfg: ReflactConfig, messages: list[dict]) -> str:
+def fingerprint(cfg: ReflactConfig, messages: list[dict], draw: int = 0) -> str:
     """What a saved patch must have been made from to be reused: everything that shapes the call,
-    i.e. the model, mode, L, decoding settings, and both messages (which hold the templates, the
-    skill, the contexts and the trajectories)."""
+    i.e. the model, mode, L, decoding settings, the draw's sample index (and the seed sent with it
+    when there are several draws), and both messages (which hold the templates, the skill, the
+    contexts and the trajectories)."""
     o = cfg.optimizer
     shape = {
         "model": o.model,
@@ -267,9 +268,11 @@ def fingerprint(cfg: ReflactConfig, messages: list[dict]) -> str:
         "budget": cfg.reflect.edit_budget,
         "temperature": o.temperature,
         "reasoning_effort": o.reasoning_effort,
-        "sample": o.sample,
+        "sample": o.sample + draw,
         "messages": messages,
     }
+    if o.samples > 1:  # only then is a seed sent: a single draw's fingerprint stays what it was
+        shape["seed"] = o.sample + draw
     return hashlib.sha256(json.dumps(shape, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 

@@ -47,6 +47,7 @@ def run_name(cfg: ReflactConfig, job: int | None = None) -> str:
     """What tells runs apart at a glance: `patch M8 L4 s42`, `#3` for a sweep's job, `dry run`."""
     r = cfg.reflect
     name = f"{SHORT_MODE[r.update_mode]} M{r.minibatch_size} L{r.edit_budget} s{r.seed}"
+    name += f" k{cfg.optimizer.samples}" if cfg.optimizer.samples > 1 else ""
     name += f" #{job}" if job is not None else ""
     return name + (" dry run" if cfg.optimizer.dry_run else "")
 
@@ -54,7 +55,10 @@ def run_name(cfg: ReflactConfig, job: int | None = None) -> str:
 def setting_metrics(cfg: ReflactConfig) -> dict[str, float]:
     """M, L, seed and mode as metrics too, so charts and the compare view can use them as axes."""
     r = cfg.reflect
-    return {"M": r.minibatch_size, "L": r.edit_budget, "seed": r.seed, "mode": get_mode(r.update_mode).number}
+    metrics = {"M": r.minibatch_size, "L": r.edit_budget, "seed": r.seed, "mode": get_mode(r.update_mode).number}
+    if cfg.optimizer.samples > 1:  # draws per minibatch; absent: one
+        metrics["samples"] = cfg.optimizer.samples
+    return metrics
 
 
 def total_metrics(counts: dict, dry_run: bool) -> dict[str, float]:
