@@ -5,8 +5,11 @@
     calls/<minibatch>/user.md, user_N.md  user message of each part when split to fit
     calls/<minibatch>/reply_N.txt       every raw reply, numbered over the minibatch's requests
     calls/<minibatch>/outcome.json      the minibatch's record (reflact.outcome.Outcome)
+                                        (with optimizer.samples > 1 each further draw d of a
+                                        minibatch is one more <minibatch>.d<d> in all of these)
     preview/<minibatch>.skill.md, .diff what the patch would do to the skill
     summary.json, kept_items.jsonl      the run's counts and records; every kept item
+    analysis.json                       agreement, redundancy and distinct items (reflact.analysis)
     report.md                           the run readable without MLflow
     mlflow_run.json                     the MLflow run this dir is logged as
     .hydra/                             the resolved config (written once the inputs passed their checks)
@@ -37,6 +40,7 @@ from reflact.optimizer import Usage
 from reflact.outcome import Outcome
 
 SUMMARY = "summary.json"
+ANALYSIS = "analysis.json"
 KEPT_ITEMS = "kept_items.jsonl"
 REPORT = "report.md"
 MLFLOW_RUN = "mlflow_run.json"
@@ -118,12 +122,7 @@ class RunDir:
             return None
         outcome.status, outcome.parse = "reused", "ok"
         outcome.proposed, outcome.kept = saved["n_proposed"], len(items)
-        earlier = self.outcome_record(outcome.tag)
-        if earlier is not None:
-            outcome.usage = Usage(**earlier.get("usage", {}))
-            outcome.cost_usd = float(earlier.get("cost_usd", 0.0))
-            outcome.reasks = int(earlier.get("reasks", 0))
-            outcome.latency_s = float(earlier.get("latency_s", 0.0))
+        _take_figures(outcome, self.outcome_record(outcome.tag))
         return saved
 
     def patch(self, tag: str) -> dict | None:
@@ -139,8 +138,13 @@ class RunDir:
         return saved if _outcome_ok(saved) else None
 
     def summary(self) -> dict | None:
-        saved = read_json(self / SUMMARY)
-        return saved if isinstance(saved, dict) else None
+        return _object(read_json(self / SUMMARY))
+
+    def analysis(self) -> dict | None:
+        return _object(read_json(self / ANALYSIS))
+
+    def write_analysis(self, analysis: dict) -> None:
+        write_json(self / ANALYSIS, analysis)
 
     def kept_items(self) -> Iterator[dict]:
         """Every kept item, one at a time."""
@@ -182,15 +186,14 @@ class RunDir:
 
     def run_files(self) -> list[tuple[Path, str]]:
         """(file, artifact folder) of the run's own files and previews that exist."""
-        names = [(SUMMARY, "run"), (KEPT_ITEMS, "run"), (REPORT, "run"),
+        names = [(SUMMARY, "run"), (KEPT_ITEMS, "run"), (REPORT, "run"), (ANALYSIS, "run"),
                  (f"{HYDRA}/config.yaml", "run/hydra"), (f"{HYDRA}/overrides.yaml", "run/hydra")]
         files = [(self / name, folder) for name, folder in names if (self / name).is_file()]
         return files + [(path, "preview") for path in sorted(self.preview.glob("*"))]
 
     def mlflow_record(self) -> dict:
         """The MLflow run this dir was logged as: run_id, tracking_uri, status, digest."""
-        saved = read_json(self / MLFLOW_RUN)
-        return saved if isinstance(saved, dict) else {}
+        return _object(read_json(self / MLFLOW_RUN)) or {}
 
     def write_mlflow_record(self, record: dict) -> None:
         write_json(self / MLFLOW_RUN, record)
@@ -217,6 +220,19 @@ def locked(run_dir: "RunDir"):
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         yield
+
+
+def _take_figures(outcome: Outcome, earlier: dict | None) -> None:
+    """A reused patch's figures from the record of the run that made it (none without one)."""
+    if earlier is not None:
+        outcome.usage = Usage(**earlier.get("usage", {}))
+        outcome.cost_usd = float(earlier.get("cost_usd", 0.0))
+        outcome.reasks = int(earlier.get("reasks", 0))
+        outcome.latency_s = float(earlier.get("latency_s", 0.0))
+
+
+def _object(saved: object) -> dict | None:
+    return saved if isinstance(saved, dict) else None
 
 
 def _count(value: object) -> bool:
@@ -289,15 +305,21 @@ class SweepDir:
         self.report = self.root / "report"
 
     def parent_record(self) -> dict:
-        saved = read_json(self.root / "mlflow_parent.json")
-        return saved if isinstance(saved, dict) else {}
+        return _object(read_json(self.root / "mlflow_parent.json")) or {}
 
     def write_parent_record(self, record: dict) -> None:
         write_json(self.root / "mlflow_parent.json", record)
 
     def identity(self) -> dict:
-        saved = read_json(self.root / "sweep.json")
-        return saved if isinstance(saved, dict) else {}
+        return _object(read_json(self.root / "sweep.json")) or {}
 
     def write_identity(self, identity: dict) -> None:
         write_json(self.root / "sweep.json", identity)
+
+    def is_sweep(self) -> bool:
+        return (self.root / "sweep.json").is_file() or (self.root / "mlflow_parent.json").is_file()
+
+    def runs(self) -> list[RunDir]:
+        """Its jobs' run dirs that got as far as their summary, by folder name."""
+        found = [RunDir(path) for path in sorted(self.root.iterdir()) if path.is_dir()] if self.root.is_dir() else []
+        return [run for run in found if (run / SUMMARY).is_file()]

@@ -32,6 +32,8 @@ SERIES = ("proposed", "kept", "reasks", "retries", "cost_usd", "latency_s")
 SERIES_TOKENS = ("prompt", "completion")
 # what a dry run only estimates, logged under names of their own
 ESTIMATED = ("cost_usd", "tokens_prompt", "tokens_completion", "tokens_cached", "tokens_reasoning")
+# run metrics from the run's analysis.json (reflact.analysis), when it has them
+ANALYSIS_METRICS = ("agreement", "redundancy", "distinct_edits", "distinct_edits_per_usd")
 SHORT_MODE = {"patch": "patch", "rewrite_from_suggestions": "rewrite", "full_rewrite_minibatch": "full_rewrite"}
 
 
@@ -71,6 +73,12 @@ def total_metrics(counts: dict, dry_run: bool) -> dict[str, float]:
             continue
         metrics[key] = float(value)
     return metrics
+
+
+def analysis_metrics(analysis: dict) -> dict[str, float]:
+    """The run's analysis figures as metrics; one that is not defined (agreement with one draw,
+    items per dollar of an unpriced run) is left out rather than logged as a number."""
+    return {key: float(analysis[key]) for key in ANALYSIS_METRICS if isinstance(analysis.get(key), (int, float))}
 
 
 def minibatch_metrics(record: dict) -> dict[str, float]:

@@ -120,7 +120,8 @@ def seeded_items(ids: list[str], n: int, seed: int) -> list[str]:
 
 def _first_rule_line(user: str) -> str | None:
     """A line of the current skill to anchor insert_after edits on (its first bullet)."""
-    skill = re.split(r"\n\n## (?:Edit Budget|Suggestion Budget|Update Format)\n", user.split("## Current Skill\n", 1)[-1])[0]
+    after = user.split("## Current Skill\n", 1)[-1]
+    skill = re.split(r"\n\n## (?:Edit Budget|Suggestion Budget|Update Format)\n", after)[0]
     return next((line for line in skill.splitlines() if line.startswith("- ")), None)
 
 
