@@ -19,16 +19,19 @@ same words (reflact.matching, `analysis.match_threshold`).
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reflact.config import AnalysisConfig
 from reflact.errors import UserError
 from reflact.matching import SCORER, Key, item_key, match
 from reflact.plan import Minibatch, parse_tag
 from reflact.rundir import KEPT_ITEMS, SUMMARY, RunDir
 from reflact.tracking import SHORT_MODE
 
+log = logging.getLogger("reflact")
 WITH_PATCH = ("done", "reused")
 
 
@@ -65,8 +68,9 @@ class Run:
 
     def label(self) -> dict:
         s = self.settings
-        return {"mode": SHORT_MODE.get(s.get("update_mode"), str(s.get("update_mode"))),
-                "M": s.get("minibatch_size"), "L": s.get("edit_budget"), "k": s.get("samples", 1)}
+        mode = str(s.get("update_mode"))
+        return {"update_mode": mode, "mode": SHORT_MODE.get(mode, mode), "M": s.get("minibatch_size"),
+                "L": s.get("edit_budget"), "k": s.get("samples", 1)}
 
 
 def load_run(root: Path) -> Run:
@@ -88,6 +92,23 @@ def load_run(root: Path) -> Run:
         raise UserError(f"{root}: {KEPT_ITEMS} is damaged (a line is not a kept item)") from None
     run.threshold = (rd.analysis() or {}).get("threshold")
     return run
+
+
+def load_runs_quietly(paths: list[Path]) -> list[Run]:
+    """The finished run dirs among `paths`; others (gone, unfinished, damaged) are left out with a note."""
+    runs = []
+    for path in paths:
+        try:
+            runs.append(load_run(path))
+        except UserError as exc:
+            log.info("analysis: %s; left out", exc)
+    return runs
+
+
+def usual_threshold(runs: list[Run]) -> float:
+    """The threshold most of the runs were analysed with (the default when none was)."""
+    found = Counter(run.threshold for run in runs if run.threshold is not None)
+    return float(found.most_common(1)[0][0]) if found else AnalysisConfig().match_threshold
 
 
 def _item(row: dict) -> Item | None:
