@@ -57,6 +57,7 @@ class Run:
     draws: Counter  # (group, index) -> draws of that minibatch with a patch
     items: list[Item] = field(default_factory=list)
     threshold: float | None = None  # the one its own analysis used, if it has one
+    support_share: float | None = None  # reflect.provenance: kept items that name a trajectory
 
     @property
     def seed(self) -> int:
@@ -91,6 +92,7 @@ def load_run(root: Path) -> Run:
     except (ValueError, KeyError, TypeError, AttributeError):
         raise UserError(f"{root}: {KEPT_ITEMS} is damaged (a line is not a kept item)") from None
     run.threshold = (rd.analysis() or {}).get("threshold")
+    run.support_share = summary.get("counts", {}).get("support_share")
     return run
 
 
@@ -183,6 +185,24 @@ def seed_agreement(runs: list[Run], threshold: float) -> list[dict]:
             row.update(recurring=recurring, seed_agreement=_share(recurring, len(items)))
         rows.append(row)
     return sorted(rows, key=lambda r: (r["mode"], r["M"], r["L"], r["k"]))
+
+
+def seed_by_cell(cells: list[dict]) -> dict[tuple[str, int, int], float]:
+    """Seed agreement per (mode, M, L), as the sweep report's grid has them: the mean over cells
+    that share those and differ in other settings (a swept number of draws, say)."""
+    values: dict[tuple[str, int, int], list[float]] = defaultdict(list)
+    for cell in cells:
+        if cell["seed_agreement"] is not None:
+            values[(cell["update_mode"], cell["M"], cell["L"])].append(cell["seed_agreement"])
+    return {key: round(sum(v) / len(v), 6) for key, v in sorted(values.items())}
+
+
+def seed_metrics(by_cell: dict[tuple[str, int, int], float]) -> dict[str, float]:
+    """The sweep parent's metrics: `seed_agreement/<mode>_M<M>_L<L>` and their mean."""
+    metrics = {f"seed_agreement/{mode}_M{M}_L{L}": value for (mode, M, L), value in by_cell.items()}
+    if metrics:
+        metrics["seed_agreement_mean"] = round(sum(metrics.values()) / len(metrics), 6)
+    return metrics
 
 
 def analyse_run_dir(run_dir: RunDir, threshold: float) -> dict:

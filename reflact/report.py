@@ -77,22 +77,13 @@ def grid_rows(runs) -> list[dict]:
 def add_seed_agreement(rows: list[dict], runs) -> dict[str, float]:
     """Fills in each grid row's seed agreement from the jobs' run dirs (those on this machine);
     returns it as the parent's metrics: `seed_agreement/<mode>_M<M>_L<L>` and the mean over cells."""
-    from reflact.analysis import load_runs_quietly, seed_agreement, usual_threshold
+    from reflact.analysis import load_runs_quietly, seed_agreement, seed_by_cell, seed_metrics, usual_threshold
 
     loaded = load_runs_quietly([Path(d) for d in runs.get("run_dir", []) if isinstance(d, str)])
-    by_cell: dict[tuple, list[float]] = {}
-    for cell in seed_agreement(loaded, usual_threshold(loaded)):
-        if cell[SEED_AGREEMENT] is not None:
-            by_cell.setdefault((cell["update_mode"], cell["M"], cell["L"]), []).append(cell[SEED_AGREEMENT])
-    metrics = {}
+    by_cell = seed_by_cell(seed_agreement(loaded, usual_threshold(loaded)))
     for row in rows:
-        values = by_cell.get((row["mode"], row["M"], row["L"]))
-        if values:  # several cells of other settings (a swept number of draws, say): their mean
-            row[SEED_AGREEMENT] = sum(values) / len(values)
-            metrics[f"{SEED_AGREEMENT}/{row['mode']}_M{row['M']}_L{row['L']}"] = row[SEED_AGREEMENT]
-    if metrics:
-        metrics[f"{SEED_AGREEMENT}_mean"] = sum(metrics.values()) / len(metrics)
-    return metrics
+        row[SEED_AGREEMENT] = by_cell.get((row["mode"], row["M"], row["L"]), float("nan"))
+    return seed_metrics(by_cell)
 
 
 def write_table(rows: list[dict], out: Path) -> tuple[Path, Path]:
