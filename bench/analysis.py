@@ -8,10 +8,11 @@ dir: minibatches of 4 kept edits and 2 draws each, half failures, half successes
 rules made of 6 to 30 words from a vocabulary of 3,000, by op (append 50 %, insert_after 25 %,
 replace 15 %, delete 10 %, targets from a 40-line skill): 40 % are drawn from a pool of 2,000
 rules (so some recur in other minibatches and draws), half of those reworded by one word, the
-rest are new. Then, each the median of --repeat: `analyse_run_dir` (read, match, write
-analysis.json) of one run; `seed_agreement` over two runs with other seeds; and a worst case,
-N templated edits that all match one another (the pairs are used chunk by chunk, never held).
-Prints seconds, the run's figures and the process's peak RSS.
+rest are new; the second draw of a minibatch repeats 60 % of the first one's edits. Then, each
+the median of --repeat: `analyse_run_dir` (read, match, write analysis.json) of one run;
+`seed_agreement` over two runs with other seeds; and a worst case, N templated edits that all
+match one another (the pairs are used chunk by chunk, never held). Prints seconds, the run's
+figures and the process's peak RSS.
 """
 
 from __future__ import annotations
@@ -71,12 +72,13 @@ def write_run(root: Path, edits: int, seed: int) -> Path:
     with rd.kept_items_writer() as kept:
         for n in range(edits // 8):
             group, index = ("failure", n // 2) if n % 2 == 0 else ("success", n // 2)
+            first = [edit(rng, words, pool, skill) for _ in range(4)]
             for draw in range(2):
                 tag = Minibatch(group, index, [], draw).tag
                 records.append({"tag": tag, "group": group, "index": index, "status": "done"})
-                for position in range(4):
-                    row = {"minibatch": tag, "position": position, "trajectory_ids": [],
-                           "item": edit(rng, words, pool, skill)}
+                for position in range(4):  # the second draw repeats 60 % of the first one's edits
+                    item = first[position] if draw == 0 or rng.random() < 0.6 else edit(rng, words, pool, skill)
+                    row = {"minibatch": tag, "position": position, "trajectory_ids": [], "item": item}
                     kept.write(json.dumps(row) + "\n")
     rd.write_summary({"settings": {"update_mode": "patch", "minibatch_size": 8, "edit_budget": 4, "seed": seed,
                                    "samples": 2}, "counts": {"cost_usd": 12.5}, "minibatches": records})
