@@ -37,8 +37,8 @@ def resolve(paths: list[Path]) -> tuple[list[Path], list[SweepDir]]:
             raise UserError(f"{path}: no such directory")
         if RunDir(path).summary() is not None:
             runs.append(path)
-            parent = SweepDir(path.resolve().parent)
-            sweeps.update({parent.root: parent} if parent.is_sweep() else {})
+            parent = SweepDir.holding(path)
+            sweeps.update({parent.root: parent} if parent is not None else {})
             continue
         sweep = SweepDir(path.resolve())
         found = [rd.root for rd in sweep.runs()]

@@ -320,6 +320,18 @@ class SweepDir:
         return (self.root / "sweep.json").is_file() or (self.root / "mlflow_parent.json").is_file()
 
     def runs(self) -> list[RunDir]:
-        """Its jobs' run dirs that got as far as their summary, by folder name."""
-        found = [RunDir(path) for path in sorted(self.root.iterdir()) if path.is_dir()] if self.root.is_dir() else []
-        return [run for run in found if (run / SUMMARY).is_file()]
+        """Its jobs' run dirs that got as far as their summary, by path. A job folder is named after
+        its overrides, so a value with a slash (data.dir=/data/x) nests it deeper: all levels are
+        searched, but not inside a run dir."""
+        found = []
+        for folder, subfolders, files in os.walk(self.root):
+            subfolders.sort()
+            if SUMMARY in files and Path(folder) != self.root:
+                found.append(RunDir(Path(folder)))
+                subfolders.clear()
+        return found
+
+    @classmethod
+    def holding(cls, run_dir: Path) -> "SweepDir | None":
+        """The sweep a run dir belongs to: the nearest folder above it that is a sweep dir."""
+        return next((cls(folder) for folder in Path(run_dir).resolve().parents if cls(folder).is_sweep()), None)

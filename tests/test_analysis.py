@@ -540,6 +540,22 @@ def test_analyze_mistakes_are_one_line_errors(tmp_path, two_seeds, args, names):
     assert lines[0].startswith("reflact: error: ") and names in lines[0]
 
 
+def test_a_sweep_dir_stands_for_its_job_run_dirs_however_deep(tmp_path, two_seeds):
+    """Hydra names job folders after their overrides: a value with a slash nests them deeper."""
+    from reflact.analyze import resolve
+    from reflact.rundir import SweepDir
+
+    nested = two_seeds / "data.dir=" / "data" / "x,reflect.seed=1"
+    nested.parent.mkdir(parents=True)
+    (two_seeds / "seed1").rename(nested)
+    SweepDir(two_seeds).write_identity({"fixed": {}, "swept": {}})
+    runs, sweeps = resolve([two_seeds])
+    assert runs == [nested.resolve(), (two_seeds / "seed2").resolve()]
+    assert [s.root for s in sweeps] == [two_seeds.resolve()]
+    assert [s.root for s in resolve([nested])[1]] == [two_seeds.resolve()]  # a job's run dir finds its sweep
+    assert SweepDir.holding(tmp_path / "d") is None
+
+
 def test_analyze_refuses_runs_analysed_with_different_thresholds_unless_told(tmp_path, two_seeds):
     path = two_seeds / "seed2" / "analysis.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "threshold": 0.9}))
