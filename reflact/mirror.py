@@ -168,7 +168,7 @@ class Mirror:
         try:
             for group, text in (("failure", system.failure), ("success", system.success)):
                 name = prompt_name(group, c.cfg.reflect.update_mode, system.notes_allowed[group],
-                                   bool(overrides[group]))
+                                   bool(overrides[group]), c.cfg.reflect.provenance)
                 self.store.link_prompt(name, text, content_hash(text))
         except Exception as exc:  # noqa: BLE001 - the template hashes are params either way
             log.warning("the templates could not be linked from MLflow's prompt registry: %s", one_line(exc))

@@ -128,7 +128,7 @@ class Stage:
     def draws(self) -> int:
         """optimizer.samples; several draws of one prompt only differ when the model samples."""
         o = self.cfg.optimizer
-        if o.samples > 1 and not o.temperature and not o.dry_run:
+        if o.samples > 1 and not o.temperature:
             log.warning("optimizer.samples=%d with optimizer.temperature %s: a deterministic model gives every "
                         "draw the same reply; set optimizer.temperature (e.g. 1.0)", o.samples,
                         "unset" if o.temperature is None else "0")

@@ -136,10 +136,11 @@ def dataset_digest(skill_path: Path, results_path: Path, conversations: list[Pat
     return digest.hexdigest()[:16]
 
 
-def prompt_name(group: str, mode: str, skill_aware: bool, overridden: bool) -> str:
+def prompt_name(group: str, mode: str, skill_aware: bool, overridden: bool, provenance: bool = False) -> str:
     """The prompt registry's name of a system prompt: a new version only when its text changes."""
     name = f"reflact.{group}.{SHORT_MODE[mode]}"
-    return name + (".skill_aware" if skill_aware else "") + (".custom" if overridden else "")
+    name += (".skill_aware" if skill_aware else "") + (".provenance" if provenance else "")
+    return name + (".custom" if overridden else "")
 
 
 class Store:
