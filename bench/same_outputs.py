@@ -36,8 +36,11 @@ VARIANTS = {
                 "optimizer.context_overflow=shorten"],
     "dry_run": ["optimizer.dry_run=true"],
 }
-TIMING_KEYS = {"latency_s", "started_at", "wall_time_s"}
-IGNORED = {"run.log", "mlflow_run.json"}
+TIMING_KEYS = {"latency_s", "started_at", "ended_at", "wall_time_s"}
+IGNORED = {"run.log", "mlflow_run.json", ".lock"}  # .lock holds the process id
+# files a newer version adds to every run dir, beside the unchanged ones: compared when both have them,
+# reported (not counted as a difference) when only the head has them
+ADDED = {"analysis.json"}
 
 
 def export(rev: str, into: Path) -> Path:
@@ -81,6 +84,8 @@ def differences(a: Path, b: Path) -> list[str]:
     for rel in sorted(files):
         if rel.name in IGNORED or rel.parts[0] == ".hydra":
             continue
+        if rel.name in ADDED and (b / rel).is_file() and not (a / rel).is_file():
+            continue  # new in the head: not a change to what the base writes
         if not (a / rel).is_file() or not (b / rel).is_file():
             out.append(f"{rel}: only in {'head' if (b / rel).is_file() else 'base'}")
             continue

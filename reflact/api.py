@@ -37,6 +37,7 @@ class Reflection:
     reason: str
     run_dir: Path
     mlflow_run_id: str | None = None
+    analysis: dict | None = None  # agreement, redundancy, distinct items: what analysis.json holds
 
 
 def reflect(
@@ -89,7 +90,8 @@ def run(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch) -> Re
     rd = RunDir(run_dir)
     saved = {mb["tag"]: rd.patch(mb["tag"]) for mb in result.summary["minibatches"] if mb["status"] in ("done", "reused")}
     patches = {tag: patch for tag, patch in saved.items() if patch is not None}
-    return Reflection(patches, result.summary, result.status, result.reason, Path(run_dir), result.mlflow_run_id)
+    return Reflection(patches, result.summary, result.status, result.reason, Path(run_dir), result.mlflow_run_id,
+                      result.analysis)
 
 
 def compose(overrides: Sequence[str] = ()) -> ReflactConfig:

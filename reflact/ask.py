@@ -20,6 +20,7 @@ from reflact.optimizer import CallError, Optimizer, Reply
 from reflact.outcome import Tally
 from reflact.parse import ParseError, extract_object
 from reflact.patches import CheckedReply, ReplyError, check_reply
+from reflact.provenance import with_support_ids
 
 
 @dataclass
@@ -94,18 +95,20 @@ class Asker:
     notes_allowed: dict[str, bool]  # group -> may the reply carry appendix_notes
     publish: Callable
     stopping: threading.Event  # set on Ctrl-C or SIGTERM: no new request starts
+    provenance: bool = False  # items must name the trajectories they stand on (reflact.provenance)
 
     def ask(self, tag: str, group: str, messages: list[dict], numbered_after: int,
-            keep: Callable[[int, Reply], None]) -> Asked:
+            keep: Callable[[int, Reply], None], ids: list[str] = (), sample: int | None = None) -> Asked:
         """Requests until a reply is usable; `keep(number, reply)` records each reply as it comes.
-        Requests are numbered on from `numbered_after` (the earlier parts' requests)."""
+        Requests are numbered on from `numbered_after` (the earlier parts' requests). `ids`: the
+        trajectories shown, in order (for provenance); `sample`: the draw's sample index, or None."""
         tally, conversation, replies = Tally(), list(messages), []
         allowance, parse = self.allowance, ""
         started = time.monotonic()
         try:
             for attempt in range(self.max_reasks + 1):
                 number = numbered_after + len(tally.call_log) + 1
-                reply = self._request(tag, number, group, conversation, allowance, tally)
+                reply = self._request(tag, number, group, conversation, allowance, tally, sample)
                 if isinstance(reply, Asked):
                     self.optimizer.forget(replies)  # the conversation ended unusable: ask afresh next time
                     reply.parse = parse
@@ -119,8 +122,7 @@ class Asker:
                     parse, allowance = self._cut_off(allowance)
                     continue
                 try:
-                    checked = check_reply(extract_object(reply.text), self.mode, group, self.budget,
-                                          self.notes_allowed[group])
+                    checked = self._checked(reply.text, group, list(ids))
                 except (ParseError, ReplyError) as exc:
                     parse = str(exc)
                     conversation += [{"role": "assistant", "content": reply.text},
@@ -132,6 +134,11 @@ class Asker:
         finally:
             tally.latency_s = round(time.monotonic() - started, 3)
 
+    def _checked(self, text: str, group: str, ids: list[str]) -> CheckedReply:
+        """The reply's patch, checked; with provenance, each item's trajectory numbers mapped to ids."""
+        checked = check_reply(extract_object(text), self.mode, group, self.budget, self.notes_allowed[group])
+        return with_support_ids(checked, self.mode, ids) if self.provenance else checked
+
     def _cut_off(self, allowance: int) -> tuple[str, int]:
         """(why the reply was not usable, the next request's allowance)."""
         if allowance >= self.ceiling:
@@ -140,7 +147,7 @@ class Asker:
         return f"cut off by the output-token limit; asking again with {allowance}", allowance
 
     def _request(self, tag: str, number: int, group: str, conversation: list[dict], allowance: int,
-                 tally: Tally) -> Reply | Asked:
+                 tally: Tally, sample: int | None = None) -> Reply | Asked:
         """One request; an Asked when the conversation must end here (stopping, cost limit, failed call)."""
         if self.stopping.is_set():
             return Asked("failed", tally, error="stopped: the run was interrupted before this request")
@@ -149,7 +156,9 @@ class Asker:
             return Asked("not_run", tally, error="cost limit reached")
         self.publish(CallStarted(tag, number))
         try:
-            reply = self.optimizer.complete(conversation, allowance, self.schemas[group])
+            # the sample goes along only with several draws: an optimizer of one's own needs no new argument
+            draw = {} if sample is None else {"sample": sample}
+            reply = self.optimizer.complete(conversation, allowance, self.schemas[group], **draw)
         except CallError as exc:
             self.spend.settle(worst, 0.0)
             tally.retries += exc.retries

@@ -156,13 +156,17 @@ class OptimizerClient:
         self._schema_rejected = threading.Event()  # `auto`: this server answered 400 to a JSON schema
         self._warned: set[str] = set()  # the usage fields already warned about
 
-    def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None) -> Reply:
+    def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None,
+                 sample: int | None = None) -> Reply:
+        """`sample`: the draw's sample index (default optimizer.sample), in the cache key and, with
+        optimizer.samples > 1, sent as the request's seed."""
         if self._transport.closing.is_set():
             raise CallError(ABANDONED)
-        logical = self._request(messages, max_output_tokens)
+        sample = self.cfg.sample if sample is None else sample
+        logical = self._request(messages, max_output_tokens, sample)
         key = ""  # hashing the whole request only pays when there is a cache to ask
         if self.cache:
-            key = cache_key({**logical, "endpoint": self._endpoint, "schema": schema, "sample": self.cfg.sample,
+            key = cache_key({**logical, "endpoint": self._endpoint, "schema": schema, "sample": sample,
                              "structured_output": self.cfg.structured_output.value})
             hit = self.cache.get(key)
             if hit is not None:
@@ -187,13 +191,15 @@ class OptimizerClient:
         if self.cache:
             self.cache.forget([r.cache_key for r in replies if r.cache_key])
 
-    def _request(self, messages: list[dict], max_output_tokens: int) -> dict:
+    def _request(self, messages: list[dict], max_output_tokens: int, sample: int) -> dict:
         request = {"model": self.cfg.model, "messages": messages, self.cfg.token_limit_param: max_output_tokens}
         # optional parameters only when set: some compatible servers reject unknown ones
         if self.cfg.temperature is not None:
             request["temperature"] = self.cfg.temperature
         if self.cfg.reasoning_effort:
             request["reasoning_effort"] = self.cfg.reasoning_effort
+        if self.cfg.samples > 1:  # repeated draws: each its own seed, so a seeded server varies them
+            request["seed"] = sample
         return request
 
     def _response_format(self, schema: dict | None) -> tuple[str, dict | None]:

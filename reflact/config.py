@@ -88,6 +88,8 @@ class ReflectConfig:
     skill_aware: SkillAwareConfig = field(default_factory=SkillAwareConfig)
     step_buffer: str = ""  # text, or a path to a .md/.txt file
     meta_skill: str = ""  # text, or a path to a .md/.txt file
+    # ask the analyst which trajectories (by position) motivate each item; recorded as ids per item
+    provenance: bool = False
 
 
 @dataclass
@@ -137,6 +139,8 @@ class OptimizerConfig:
     reasoning_effort: Optional[str] = None
     structured_output: StructuredOutput = StructuredOutput.auto
     sample: int = 0  # part of the cache key: with temperature > 0, sample=1,2,... are fresh draws
+    # draws per minibatch: draw d is asked with sample index `sample + d` (and, when > 1, that seed)
+    samples: int = 1
     cache: CacheMode = CacheMode.read_write
     cache_path: Optional[str] = None  # default: <launch dir>/outputs/cache.db
     context_window: Optional[int] = None  # tokens; prompts that would not fit are split or shortened
@@ -160,6 +164,13 @@ class MlflowConfig:
 
 
 @dataclass
+class AnalysisConfig:
+    # two items match when every compared field (lowercased, whitespace collapsed, words sorted)
+    # is at least this similar (rapidfuzz's token-sort ratio / 100); see reflact.matching
+    match_threshold: float = 0.85
+
+
+@dataclass
 class ReflactConfig:
     name: str = "default"  # names the sweep folder outputs/sweeps/<name>, so rerunning a sweep resumes it
     optimized_metric: Optional[str] = None  # a run metric the job returns, for sweepers such as Optuna
@@ -168,6 +179,7 @@ class ReflactConfig:
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
 
 
 def register() -> None:
@@ -242,7 +254,8 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     _check_optimizer_names(cfg.optimizer)
     _check_optimizer_urls(cfg.optimizer)
     _check_mlflow(cfg.mlflow)
-    _check_optimized_metric(cfg.optimized_metric, cfg.reflect.update_mode)
+    check_threshold(cfg.analysis.match_threshold, "analysis.match_threshold")
+    _check_optimized_metric(cfg.optimized_metric, cfg.reflect)
     cfg.optimizer.prices = {model: _price(model, value) for model, value in cfg.optimizer.prices.items()}
     o = cfg.optimizer
     if o.max_cost_usd is not None and o.model not in o.prices:
@@ -252,13 +265,21 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     return cfg
 
 
-def _check_optimized_metric(name: str | None, mode: str) -> None:
-    from reflact.summary import APPLY_METRICS, RUN_METRICS
+def _check_optimized_metric(name: str | None, reflect: ReflectConfig) -> None:
+    from reflact.summary import APPLY_METRICS, PROVENANCE_METRICS, RUN_METRICS
 
     if name is not None and name not in RUN_METRICS:
         raise UserError(f"optimized_metric: unknown run metric {name!r} (known: {', '.join(RUN_METRICS)})")
-    if name in APPLY_METRICS and mode != "patch":
-        raise UserError(f"optimized_metric: {name} is counted in patch mode only, not in {mode}")
+    if name in APPLY_METRICS and reflect.update_mode != "patch":
+        raise UserError(f"optimized_metric: {name} is counted in patch mode only, not in {reflect.update_mode}")
+    if name in PROVENANCE_METRICS and not reflect.provenance:
+        raise UserError(f"optimized_metric: {name} is counted with reflect.provenance=true only")
+
+
+def check_threshold(value: object, key: str) -> float:
+    """A similarity threshold: a number in (0, 1]."""
+    _number(value, key, high=1, above=0)
+    return float(value)
 
 
 def _check_data(d: DataConfig) -> None:
@@ -294,6 +315,7 @@ def _check_optimizer_numbers(o: OptimizerConfig, full_rewrite: bool) -> None:
     if o.temperature is not None:
         _number(o.temperature, "optimizer.temperature", low=0, high=2)
     _at_least(o.sample, 0, "optimizer.sample")
+    _at_least(o.samples, 1, "optimizer.samples")
     if o.context_window is not None:
         _at_least(o.context_window, 1, "optimizer.context_window")
         allowance, allowance_key = ((o.max_output_tokens_full_rewrite, "optimizer.max_output_tokens_full_rewrite")

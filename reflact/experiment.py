@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from reflact.analysis import analyse_run_dir
 from reflact.config import ReflactConfig
 from reflact.dataset import load_dataset
 from reflact.errors import Stopped
@@ -40,6 +41,7 @@ class RunResult:
     status: str  # FINISHED or FAILED (a stopped run raises reflact.errors.Stopped)
     reason: str = ""  # why it failed, and what to check
     mlflow_run_id: str | None = None
+    analysis: dict | None = None  # agreement, redundancy, distinct items (reflact.analysis)
 
 
 def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch: Launch) -> RunResult:
@@ -82,10 +84,12 @@ def _run(cfg: ReflactConfig, stage: Stage, optimizer, tracker: LiveRun | None, s
         optimizer.close()
     summary = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.system.hashes(), started_at,
                         time.time)
+    analysis = analyse_run_dir(stage.run_dir, cfg.analysis.match_threshold)
     status, reason = run_status(summary["counts"], cfg, outcomes, stage.run_dir.root)
     run_id = tracker.finish(summary, status) if tracker is not None else None
     report_end(cfg, summary, stage.mode.label, stage.run_dir)
-    return RunResult(stage.run_dir.root, summary, status, reason, run_id)
+    report_analysis(analysis)
+    return RunResult(stage.run_dir.root, summary, status, reason, run_id, analysis)
 
 
 def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: RunDir) -> None:
@@ -111,3 +115,15 @@ def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: RunDir) -
     if c["minibatches_failed"]:
         log.warning("%d minibatch(es) failed; rerun with the same hydra.run.dir to redo only those",
                     c["minibatches_failed"])
+
+
+def report_analysis(analysis: dict) -> None:
+    """One line of the run's agreement and redundancy (the whole of it is in the run dir)."""
+    if not analysis["edits"]:
+        return
+    agreement = analysis.get("agreement")
+    per_usd = analysis.get("distinct_edits_per_usd")
+    log.info("analysis: %d kept items, %d distinct%s, redundancy %.2f%s (match threshold %.2f)",
+             analysis["edits"], analysis["distinct_edits"], f" ({per_usd:.1f} per $)" if per_usd else "",
+             analysis["redundancy"], "" if agreement is None else f", agreement over draws {agreement:.2f}",
+             analysis["threshold"])

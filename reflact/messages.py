@@ -9,7 +9,7 @@ its longest items shortened in the middle instead.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from reflact.config import ContextOverflow, ReflactConfig
 from reflact.dataset import Dataset, Result, load_trajectory
@@ -28,6 +28,7 @@ WINDOW_RESERVE = 0.9  # chars/4 is a rough count: keep a tenth of the window in 
 class Prompt:
     parts: list[list[dict]]  # the messages of each call (more than one when split to fit)
     shortened: int = 0  # when items were shortened to fit: their new length in characters
+    ids: list[list[str]] = field(default_factory=list)  # the trajectories each part shows, in order
 
     @property
     def messages(self) -> list[dict]:
@@ -52,13 +53,13 @@ class PromptBuilder:
     def build(self, tag: str, group: str, shown: list[Result]) -> Prompt:
         messages = self.messages(group, shown)
         if self.fits(messages):
-            return Prompt([messages])
+            return Prompt([messages], ids=[[r.id for r in shown]])
         if self.overflow is ContextOverflow.split and len(shown) > 1 and not self.mode.full_rewrite:
             half = (len(shown) + 1) // 2
             log.info("%s: ~%d prompt tokens do not fit optimizer.context_window=%d; splitting %d trajectories "
                      "into %d + %d", tag, estimate_tokens(messages), self.window, len(shown), half, len(shown) - half)
             first, second = self.build(tag, group, shown[:half]), self.build(tag, group, shown[half:])
-            return Prompt(first.parts + second.parts, second.shortened or first.shortened)
+            return Prompt(first.parts + second.parts, second.shortened or first.shortened, first.ids + second.ids)
         return self.shortened(tag, group, shown)
 
     def shortened(self, tag: str, group: str, shown: list[Result]) -> Prompt:
@@ -68,11 +69,11 @@ class PromptBuilder:
             if self.fits(messages):
                 log.info("%s: items shortened to %d characters to fit optimizer.context_window=%d (~%d prompt "
                          "tokens)", tag, limit, self.window, estimate_tokens(messages))
-                return Prompt([messages], limit)
+                return Prompt([messages], limit, [[r.id for r in shown]])
         log.warning("%s: ~%d prompt tokens still exceed optimizer.context_window=%d with items shortened to %d "
                     "characters (the skill and templates alone are too long?); calling anyway",
                     tag, estimate_tokens(messages), self.window, limit)
-        return Prompt([messages], limit)
+        return Prompt([messages], limit, [[r.id for r in shown]])
 
     def fits(self, messages: list[dict]) -> bool:
         return self.window is None or estimate_tokens(messages) + self.allowance <= WINDOW_RESERVE * self.window

@@ -20,8 +20,8 @@ from reflact.events import MinibatchEnded, Planned, Replied
 from reflact.outcome import Outcome
 from reflact.prompts import SystemPrompts, content_hash
 from reflact.rundir import RunDir, SweepDir
-from reflact.tracking import (Store, context_tags, dataset_digest, minibatch_metrics, one_line, prompt_name,
-                              run_name, setting_metrics, sweep_id, total_metrics)
+from reflact.tracking import (Store, analysis_metrics, context_tags, dataset_digest, minibatch_metrics, one_line,
+                              prompt_name, run_name, setting_metrics, sweep_id, total_metrics)
 
 log = logging.getLogger("reflact")
 
@@ -114,12 +114,25 @@ class Mirror:
             for record in summary["minibatches"]:
                 step = self.positions.get(record["tag"], 0)
                 rows += [(k, v, step) for k, v in minibatch_metrics(record).items() if k == "minibatch/apply_share"]
-            self.store.log_metrics(rows, _now_ms())
+            self.store.log_metrics(rows + self._analysis_rows(), _now_ms())
             self.store.log_files(self.context.run_dir.run_files())
             self._log_kept_items()
         if self.context.cfg.mlflow.trace_calls:
             _flush_traces()
         self.store.end(status, end_ms or _now_ms())
+
+    def _analysis_rows(self) -> list[tuple[str, float, int]]:
+        """The run's analysis.json as metrics: run figures, and each minibatch's agreement over its
+        draws at the step of its first draw."""
+        analysis = self.context.run_dir.analysis()
+        if analysis is None:
+            return []
+        rows = [(key, value, self.totals.ended) for key, value in analysis_metrics(analysis).items()]
+        for record in analysis.get("minibatches", []):
+            step = self.positions.get(record["minibatch"], 0)
+            if isinstance(record.get("agreement"), (int, float)):
+                rows.append(("minibatch/agreement", float(record["agreement"]), step))
+        return rows
 
     def _ended(self, outcome: Outcome) -> list[tuple[str, float, int]]:
         self.totals.add(outcome)
@@ -155,7 +168,7 @@ class Mirror:
         try:
             for group, text in (("failure", system.failure), ("success", system.success)):
                 name = prompt_name(group, c.cfg.reflect.update_mode, system.notes_allowed[group],
-                                   bool(overrides[group]))
+                                   bool(overrides[group]), c.cfg.reflect.provenance)
                 self.store.link_prompt(name, text, content_hash(text))
         except Exception as exc:  # noqa: BLE001 - the template hashes are params either way
             log.warning("the templates could not be linked from MLflow's prompt registry: %s", one_line(exc))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from reflact.errors import UserError
 
@@ -121,10 +121,23 @@ FAILURE_PATTERN = {
 }
 
 
-def reply_schema(mode: Mode, group: str, notes_allowed: bool) -> dict:
+# with reflect.provenance, each item names the trajectories (1-based positions) it stands on
+SUPPORT_FIELD = "supporting_trajectories"
+SUPPORT_IDS_FIELD = "supporting_ids"  # what reflact records: those positions as trajectory ids
+
+
+def with_support(item: type[BaseModel]) -> type[BaseModel]:
+    """The item model with the provenance field: a subclass, so the plain models (and the schema
+    sent without provenance) stay exactly as they are."""
+    positions = (list[Annotated[int, Field(ge=1)]],
+                 Field(description="the numbers i of the headings 'Trajectory i of N' this item stands on"))
+    return create_model(f"{item.__name__}WithSupport", __base__=item, **{SUPPORT_FIELD: positions})
+
+
+def reply_schema(mode: Mode, group: str, notes_allowed: bool, provenance: bool = False) -> dict:
     """The JSON schema of a reply, sent as structured output where the server supports it."""
     summary_key = "failure_summary" if group == "failure" else "success_patterns"
-    item = mode.item.model_json_schema()
+    item = (with_support(mode.item) if provenance else mode.item).model_json_schema()
     item.pop("title", None)
     properties = {
         summary_key: {"type": "array", "items": FAILURE_PATTERN if group == "failure" else {"type": "object"}},

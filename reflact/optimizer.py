@@ -65,8 +65,10 @@ class CallError(Exception):
 
 
 class Optimizer(Protocol):
-    def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None) -> Reply:
-        """The model's reply to `messages`; raises CallError when the call finally failed."""
+    def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None,
+                 sample: int | None = None) -> Reply:
+        """The model's reply to `messages`; raises CallError when the call finally failed. `sample`
+        (passed only with optimizer.samples > 1) is the draw's sample index."""
 
     def forget(self, replies: list[Reply]) -> None:
         """Replies that led nowhere: a later identical request must ask afresh."""
@@ -90,7 +92,8 @@ class DryRunEstimator:
     def __init__(self, reply_tokens: int) -> None:
         self.reply_tokens = reply_tokens
 
-    def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None) -> Reply:
+    def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None,
+                 sample: int | None = None) -> Reply:
         usage = Usage(prompt=estimate_tokens(messages), completion=self.reply_tokens)
         return Reply(text="", finish_reason=None, usage=usage, latency_s=0.0, estimated=True)
 

@@ -3,18 +3,24 @@
 Failures and successes are shuffled apart, each with its own seed, then cut into minibatches
 of at most M. The permutation never depends on M, so the minibatches for M=4 are halves of
 those for M=8 and runs with different M compare on the same trajectories.
+
+With `optimizer.samples=k` > 1 each minibatch is asked k times: its draws follow it in the plan,
+each its own conversation with its own tag (draw 0 keeps the minibatch's name, draw d > 0 adds
+`.d<d>`: `minibatch_fail_000`, `minibatch_fail_000.d1`, `minibatch_fail_000.d2`, ...).
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 from reflact.config import ReflectConfig
 from reflact.dataset import Result
 
 GROUPS = ("failure", "success")
 GROUP_TAG = {"failure": "fail", "success": "succ"}
+_TAG = re.compile(r"minibatch_(fail|succ)_(\d+)(?:\.d(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -22,11 +28,12 @@ class Minibatch:
     group: str  # "failure" or "success"
     index: int  # position within its group
     results: list[Result]
+    draw: int = 0  # which of the minibatch's `optimizer.samples` draws this conversation is
 
     @property
     def tag(self) -> str:
         """The minibatch's name: its patch file and its call folder are named after it."""
-        return f"minibatch_{GROUP_TAG[self.group]}_{self.index:03d}"
+        return f"minibatch_{GROUP_TAG[self.group]}_{self.index:03d}" + (f".d{self.draw}" if self.draw else "")
 
     @property
     def ids(self) -> list[str]:
@@ -60,3 +67,17 @@ def plan_minibatches(results: list[Result], reflect: ReflectConfig) -> list[Mini
         batches = chunks(shuffled(members, seeds[group]), reflect.minibatch_size)
         plan += [Minibatch(group, index, batch) for index, batch in enumerate(batches)]
     return plan
+
+
+def with_draws(plan: list[Minibatch], samples: int) -> list[Minibatch]:
+    """Each minibatch followed by its further draws (k = 1: the plan as it is)."""
+    return [replace(mb, draw=draw) for mb in plan for draw in range(samples)]
+
+
+def parse_tag(tag: str) -> tuple[str, int, int] | None:
+    """(group, index, draw) of a minibatch tag; None for a name that is not one."""
+    found = _TAG.fullmatch(tag)
+    if found is None:
+        return None
+    group = "failure" if found.group(1) == "fail" else "success"
+    return group, int(found.group(2)), int(found.group(3) or 0)

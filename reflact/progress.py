@@ -39,13 +39,14 @@ class Progress:
                 self._line(event.outcome)
 
     def _planned(self, event: Planned) -> None:
-        r = self.cfg.reflect
+        r, k = self.cfg.reflect, self.cfg.optimizer.samples
         self.total = len(event.plan)
-        n_fail = sum(1 for mb in event.plan if mb.group == "failure")
+        n_fail = sum(1 for mb in event.plan if mb.group == "failure" and not mb.draw)
+        draws = f" x {k} draws" if k > 1 else ""
         log.info(
-            "reflect: %d minibatches (%d failure, %d success), M=%d L=%d mode=%s workers=%d%s",
-            self.total, n_fail, self.total - n_fail, r.minibatch_size, r.edit_budget, self.mode.name,
-            r.workers, " (dry run: no calls)" if self.cfg.optimizer.dry_run else "",
+            "reflect: %d minibatches%s (%d failure, %d success), M=%d L=%d mode=%s workers=%d%s",
+            self.total // k, draws, n_fail, self.total // k - n_fail, r.minibatch_size, r.edit_budget,
+            self.mode.name, r.workers, " (dry run: no calls)" if self.cfg.optimizer.dry_run else "",
         )
 
     def _replied(self, event: Replied) -> None:

@@ -17,6 +17,7 @@ PROMPTS_DIR = prompts_dir()
 GROUP_TEMPLATE = {"failure": "analyst_error", "success": "analyst_success"}
 GROUP_HEADING = {"failure": "Failed Trajectories", "success": "Successful Trajectories"}
 _PATH_SUFFIXES = (".md", ".markdown", ".txt", ".text", ".rst")
+PROVENANCE_TEMPLATE = "provenance"  # appended to both templates with reflect.provenance
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,8 @@ def load_template(name: str, prompts_dir: Path = PROMPTS_DIR) -> str | None:
 def resolve_system_prompts(
     overrides: dict[str, str | None], mode: Mode, reflect: ReflectConfig, prompts_dir: Path = PROMPTS_DIR
 ) -> SystemPrompts:
-    """Override > the mode's own template > the group's base template; then skill-aware additions."""
+    """Override > the mode's own template > the group's base template; then the skill-aware and the
+    provenance additions (each only when its option is on: off, the text is the plain template)."""
     skill_aware = reflect.skill_aware.enabled and not mode.full_rewrite
     notes_allowed = {
         "failure": skill_aware,
@@ -108,6 +110,9 @@ def resolve_system_prompts(
             raise UserError(f"{key}: no template {base}.md in {prompts_dir}")
         if notes_allowed[group]:
             addition = load_template(f"skill_aware_{'error' if group == 'failure' else 'success'}", prompts_dir)
+            text = f"{text.rstrip()}\n\n{addition.strip()}\n"
+        if reflect.provenance:  # the shipped text when a prompts folder of one's own lacks it
+            addition = load_template(PROVENANCE_TEMPLATE, prompts_dir) or load_template(PROVENANCE_TEMPLATE)
             text = f"{text.rstrip()}\n\n{addition.strip()}\n"
         texts[group] = text
     return SystemPrompts(failure=texts["failure"], success=texts["success"], notes_allowed=notes_allowed)

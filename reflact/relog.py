@@ -108,9 +108,10 @@ def _outcomes(summary: dict) -> list:
 
 def _events(rd: RunDir, summary: dict, outcomes: list) -> list:
     from reflact.events import MinibatchEnded, Planned
-    from reflact.plan import Minibatch
+    from reflact.plan import Minibatch, parse_tag
 
-    plan = [Minibatch(record["group"], record["index"], []) for record in summary["minibatches"]]
+    plan = [Minibatch(record["group"], record["index"], [], (parse_tag(record["tag"]) or ("", 0, 0))[2])
+            for record in summary["minibatches"]]
     return [Planned(plan), *(MinibatchEnded(o, rd.patch(o.tag)) for o in outcomes)]
 
 

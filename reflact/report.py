@@ -4,7 +4,10 @@ Runs after every multirun (from the sweep callback) and by hand for any sweep in
 
     python -m reflact.report SWEEP_ID [--tracking-uri URI] [--out DIR]
 
-SWEEP_ID is the sweep's folder as tagged on its runs (e.g. outputs/sweeps/demo).
+SWEEP_ID is the sweep's folder as tagged on its runs (e.g. outputs/sweeps/demo). Next to M and L
+come the analysis figures (reflact.analysis): agreement over draws, redundancy and distinct items
+(mean and spread of the jobs' metrics), and the seed agreement of the cell, computed from the jobs'
+run dirs when they are on this machine (else left empty) and logged to the parent run.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from reflact.errors import UserError, exits_on_user_error
 from reflact.modes import mode_by_number
 
 METRICS = ("edits_kept", "edits_truncated", "parse_failures", "tokens", "cost_usd", "wall_time_s")
+# the analysis's run metrics: missing is not 0 (agreement needs two draws), so never filled in
+ANALYSED = ("agreement", "redundancy", "distinct_edits")
+SEED_AGREEMENT = "seed_agreement"
 PAGE = 1000  # runs per search request; every page is read
 
 
@@ -31,8 +37,8 @@ def sweep_runs(client, sweep_id: str):
     while True:
         page = client.search_runs(experiments, filter_string=f"tags.`reflact.sweep_id` = '{sweep_id}'",
                                   max_results=PAGE, page_token=token)
-        rows += [{"run_id": r.info.run_id, "status": r.info.status, **r.data.metrics} for r in page
-                 if r.data.tags.get("reflact.sweep_parent") != "true"]
+        rows += [{"run_id": r.info.run_id, "status": r.info.status, "run_dir": r.data.tags.get("reflact.run_dir"),
+                  **r.data.metrics} for r in page if r.data.tags.get("reflact.sweep_parent") != "true"]
         token = page.token
         if not token:
             return pd.DataFrame(rows)
@@ -42,7 +48,8 @@ def derived(runs):
     """The report's metrics from a DataFrame of run metrics (a missing one counts as 0)."""
     m = runs.reindex(columns=["edits_kept", "edits_truncated", "reasks", "minibatches_failed", "tokens_prompt",
                               "tokens_completion", "cost_usd", "wall_time_s"]).fillna(0.0)
-    return m.assign(parse_failures=m.reasks + m.minibatches_failed, tokens=m.tokens_prompt + m.tokens_completion)
+    m = m.assign(parse_failures=m.reasks + m.minibatches_failed, tokens=m.tokens_prompt + m.tokens_completion)
+    return m.join(runs.reindex(columns=list(ANALYSED)))
 
 
 def grid_rows(runs) -> list[dict]:
@@ -50,18 +57,33 @@ def grid_rows(runs) -> list[dict]:
     if runs.empty or not {"M", "L", "mode"} <= set(runs.columns):
         return []
     runs = runs.dropna(subset=["M", "L", "mode"])
-    cells = derived(runs)[list(METRICS)].assign(
+    columns = [*ANALYSED, *METRICS]
+    cells = derived(runs)[columns].assign(
         mode=[mode_by_number(int(n)).name for n in runs["mode"]], M=runs["M"].astype(int), L=runs["L"].astype(int))
     grouped = cells.groupby(["mode", "M", "L"], sort=True)
-    means, spreads, sizes = grouped.mean(), grouped.std().fillna(0.0), grouped.size()
+    means, spreads, sizes = grouped.mean(), grouped.std(), grouped.size()
     rows = []
     for (mode, M, L), size in sizes.items():
-        row = {"mode": mode, "M": int(M), "L": int(L), "seeds": int(size)}
-        for metric in METRICS:
-            row[f"{metric}_mean"] = float(means.at[(mode, M, L), metric])
-            row[f"{metric}_std"] = float(spreads.at[(mode, M, L), metric])
+        # the seed agreement is one figure per cell, filled in from the run dirs (add_seed_agreement)
+        row = {"mode": mode, "M": int(M), "L": int(L), "seeds": int(size), SEED_AGREEMENT: float("nan")}
+        for metric in columns:
+            mean, spread = float(means.at[(mode, M, L), metric]), float(spreads.at[(mode, M, L), metric])
+            # one seed has no spread; an analysis figure no job has stays empty (NaN)
+            row[f"{metric}_mean"], row[f"{metric}_std"] = mean, 0.0 if size == 1 and mean == mean else spread
         rows.append(row)
     return rows
+
+
+def add_seed_agreement(rows: list[dict], runs) -> dict[str, float]:
+    """Fills in each grid row's seed agreement from the jobs' run dirs (those on this machine);
+    returns it as the parent's metrics: `seed_agreement/<mode>_M<M>_L<L>` and the mean over cells."""
+    from reflact.analysis import load_runs_quietly, seed_agreement, seed_by_cell, seed_metrics, usual_threshold
+
+    loaded = load_runs_quietly([Path(d) for d in runs.get("run_dir", []) if isinstance(d, str)])
+    by_cell = seed_by_cell(seed_agreement(loaded, usual_threshold(loaded)))
+    for row in rows:
+        row[SEED_AGREEMENT] = by_cell.get((row["mode"], row["M"], row["L"]), float("nan"))
+    return seed_metrics(by_cell)
 
 
 def write_table(rows: list[dict], out: Path) -> tuple[Path, Path]:
@@ -70,15 +92,38 @@ def write_table(rows: list[dict], out: Path) -> tuple[Path, Path]:
     with open(csv_path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
-        writer.writerows(rows)
-    header = ["mode", "M", "L", "seeds", *METRICS]
+        writer.writerows({k: "" if _missing(v) else v for k, v in row.items()} for row in rows)
+    header = ["mode", "M", "L", "seeds", *PANELS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row["mode"], str(row["M"]), str(row["L"]), str(row["seeds"])]
-        cells += [f"{row[f'{m}_mean']:.4g} ± {row[f'{m}_std']:.2g}" for m in METRICS]
+        cells += [_shown(row, metric, "{:.4g} ± {:.2g}") for metric in PANELS]
         lines.append("| " + " | ".join(cells) + " |")
-    md_path.write_text("Mean ± standard deviation over seeds.\n\n" + "\n".join(lines) + "\n", encoding="utf-8")
+    md_path.write_text("Mean ± standard deviation over seeds; seed_agreement is one figure per cell; – where "
+                       "a figure is not defined (agreement needs optimizer.samples >= 2, seed agreement two "
+                       "seeds and the run dirs).\n\n" + "\n".join(lines) + "\n", encoding="utf-8")
     return csv_path, md_path
+
+
+PANELS = (SEED_AGREEMENT, *ANALYSED, *METRICS)  # the report's columns after M, L and the seeds
+
+
+def _missing(value: object) -> bool:
+    return isinstance(value, float) and value != value  # NaN
+
+
+def _value(row: dict, metric: str) -> tuple[float, float | None]:
+    """(mean, spread) of a metric in a grid row; the seed agreement has no spread."""
+    if metric == SEED_AGREEMENT:
+        return row[SEED_AGREEMENT], None
+    return row[f"{metric}_mean"], row[f"{metric}_std"]
+
+
+def _shown(row: dict, metric: str, form: str) -> str:
+    mean, spread = _value(row, metric)
+    if _missing(mean):
+        return "–"
+    return f"{mean:.4g}" if spread is None else form.format(mean, spread)
 
 
 def write_picture(rows: list[dict], out: Path) -> list[Path]:
@@ -91,26 +136,11 @@ def write_picture(rows: list[dict], out: Path) -> list[Path]:
     paths = []
     for mode in sorted({r["mode"] for r in rows}):
         cells = [r for r in rows if r["mode"] == mode]
-        ms = sorted({r["M"] for r in cells})
-        ls = sorted({r["L"] for r in cells})
-        fig, axes = plt.subplots(2, 3, figsize=(13, 7.5))
-        for ax, metric in zip(axes.flat, METRICS):
-            grid = [[float("nan")] * len(ls) for _ in ms]
-            labels = [[""] * len(ls) for _ in ms]
-            for r in cells:
-                i, j = ms.index(r["M"]), ls.index(r["L"])
-                grid[i][j] = r[f"{metric}_mean"]
-                labels[i][j] = f"{r[f'{metric}_mean']:.3g}\n±{r[f'{metric}_std']:.2g}"
-            image = ax.imshow(grid, cmap="viridis", aspect="auto")
-            fig.colorbar(image, ax=ax)
-            ax.set_xticks(range(len(ls)), [str(v) for v in ls])
-            ax.set_yticks(range(len(ms)), [str(v) for v in ms])
-            ax.set_xlabel("L (edit budget)")
-            ax.set_ylabel("M (minibatch size)")
-            ax.set_title(metric)
-            for i in range(len(ms)):
-                for j in range(len(ls)):
-                    ax.text(j, i, labels[i][j], ha="center", va="center", color="white", fontsize=8)
+        fig, axes = plt.subplots(3, 4, figsize=(17, 11))
+        for ax, metric in zip(axes.flat, PANELS):
+            _heatmap(fig, ax, cells, metric)
+        for ax in axes.flat[len(PANELS):]:
+            ax.axis("off")
         fig.suptitle(f"{mode}: mean ± std over seeds")
         fig.tight_layout()
         path = out / f"grid_{mode}.png"
@@ -120,15 +150,39 @@ def write_picture(rows: list[dict], out: Path) -> list[Path]:
     return paths
 
 
+def _heatmap(fig, ax, cells: list[dict], metric: str) -> None:
+    ms, ls = sorted({r["M"] for r in cells}), sorted({r["L"] for r in cells})
+    grid = [[float("nan")] * len(ls) for _ in ms]
+    labels = [[""] * len(ls) for _ in ms]
+    for r in cells:
+        i, j = ms.index(r["M"]), ls.index(r["L"])
+        grid[i][j] = _value(r, metric)[0]
+        labels[i][j] = _shown(r, metric, "{:.3g}\n±{:.2g}")
+    image = ax.imshow(grid, cmap="viridis", aspect="auto")
+    fig.colorbar(image, ax=ax)
+    ax.set_xticks(range(len(ls)), [str(v) for v in ls])
+    ax.set_yticks(range(len(ms)), [str(v) for v in ms])
+    ax.set_xlabel("L (edit budget)")
+    ax.set_ylabel("M (minibatch size)")
+    ax.set_title(metric)
+    for i in range(len(ms)):
+        for j in range(len(ls)):
+            ax.text(j, i, labels[i][j], ha="center", va="center", color="white", fontsize=8)
+
+
 def report_sweep(client, sweep_id: str, out: Path, parent_run_id: str | None = None) -> list[Path]:
     """Write the report under `out` and, with a parent run, log it there as `report/`."""
-    rows = grid_rows(sweep_runs(client, sweep_id))
+    runs = sweep_runs(client, sweep_id)
+    rows = grid_rows(runs)
     if not rows:
         return []
+    seed_metrics = add_seed_agreement(rows, runs)
     paths = [*write_table(rows, out), *write_picture(rows, out)]
     if parent_run_id:
         for path in paths:
             client.log_artifact(parent_run_id, str(path), "report")
+        for key, value in seed_metrics.items():
+            client.log_metric(parent_run_id, key, value)
         client.set_tag(parent_run_id, "reflact.sweep_jobs", str(sum(r["seeds"] for r in rows)))
     return paths
 

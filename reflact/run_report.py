@@ -44,6 +44,9 @@ def _head(name: str, summary: dict) -> str:
     lines += _table(["count", "value"], [[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in c.items()])
     if summary["skipped"]:
         lines += ["", "Skipped runs: " + ", ".join(f"`{i}` ({why})" for i, why in sorted(summary["skipped"].items()))]
+    if "unused_trajectories" in summary:  # reflect.provenance
+        unused = summary["unused_trajectories"]
+        lines += ["", "Trajectories no kept item stands on: " + (", ".join(f"`{i}`" for i in unused) or "none")]
     lines += ["", "## Minibatches"]
     return "\n".join(lines) + "\n"
 

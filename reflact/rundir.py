@@ -5,8 +5,11 @@
     calls/<minibatch>/user.md, user_N.md  user message of each part when split to fit
     calls/<minibatch>/reply_N.txt       every raw reply, numbered over the minibatch's requests
     calls/<minibatch>/outcome.json      the minibatch's record (reflact.outcome.Outcome)
+                                        (with optimizer.samples > 1 each further draw d of a
+                                        minibatch is one more <minibatch>.d<d> in all of these)
     preview/<minibatch>.skill.md, .diff what the patch would do to the skill
     summary.json, kept_items.jsonl      the run's counts and records; every kept item
+    analysis.json                       agreement, redundancy and distinct items (reflact.analysis)
     report.md                           the run readable without MLflow
     mlflow_run.json                     the MLflow run this dir is logged as
     .hydra/                             the resolved config (written once the inputs passed their checks)
@@ -37,6 +40,7 @@ from reflact.optimizer import Usage
 from reflact.outcome import Outcome
 
 SUMMARY = "summary.json"
+ANALYSIS = "analysis.json"
 KEPT_ITEMS = "kept_items.jsonl"
 REPORT = "report.md"
 MLFLOW_RUN = "mlflow_run.json"
@@ -118,12 +122,7 @@ class RunDir:
             return None
         outcome.status, outcome.parse = "reused", "ok"
         outcome.proposed, outcome.kept = saved["n_proposed"], len(items)
-        earlier = self.outcome_record(outcome.tag)
-        if earlier is not None:
-            outcome.usage = Usage(**earlier.get("usage", {}))
-            outcome.cost_usd = float(earlier.get("cost_usd", 0.0))
-            outcome.reasks = int(earlier.get("reasks", 0))
-            outcome.latency_s = float(earlier.get("latency_s", 0.0))
+        _take_figures(outcome, self.outcome_record(outcome.tag))
         return saved
 
     def patch(self, tag: str) -> dict | None:
@@ -139,8 +138,13 @@ class RunDir:
         return saved if _outcome_ok(saved) else None
 
     def summary(self) -> dict | None:
-        saved = read_json(self / SUMMARY)
-        return saved if isinstance(saved, dict) else None
+        return _object(read_json(self / SUMMARY))
+
+    def analysis(self) -> dict | None:
+        return _object(read_json(self / ANALYSIS))
+
+    def write_analysis(self, analysis: dict) -> None:
+        write_json(self / ANALYSIS, analysis)
 
     def kept_items(self) -> Iterator[dict]:
         """Every kept item, one at a time."""
@@ -182,15 +186,14 @@ class RunDir:
 
     def run_files(self) -> list[tuple[Path, str]]:
         """(file, artifact folder) of the run's own files and previews that exist."""
-        names = [(SUMMARY, "run"), (KEPT_ITEMS, "run"), (REPORT, "run"),
+        names = [(SUMMARY, "run"), (KEPT_ITEMS, "run"), (REPORT, "run"), (ANALYSIS, "run"),
                  (f"{HYDRA}/config.yaml", "run/hydra"), (f"{HYDRA}/overrides.yaml", "run/hydra")]
         files = [(self / name, folder) for name, folder in names if (self / name).is_file()]
         return files + [(path, "preview") for path in sorted(self.preview.glob("*"))]
 
     def mlflow_record(self) -> dict:
         """The MLflow run this dir was logged as: run_id, tracking_uri, status, digest."""
-        saved = read_json(self / MLFLOW_RUN)
-        return saved if isinstance(saved, dict) else {}
+        return _object(read_json(self / MLFLOW_RUN)) or {}
 
     def write_mlflow_record(self, record: dict) -> None:
         write_json(self / MLFLOW_RUN, record)
@@ -217,6 +220,19 @@ def locked(run_dir: "RunDir"):
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         yield
+
+
+def _take_figures(outcome: Outcome, earlier: dict | None) -> None:
+    """A reused patch's figures from the record of the run that made it (none without one)."""
+    if earlier is not None:
+        outcome.usage = Usage(**earlier.get("usage", {}))
+        outcome.cost_usd = float(earlier.get("cost_usd", 0.0))
+        outcome.reasks = int(earlier.get("reasks", 0))
+        outcome.latency_s = float(earlier.get("latency_s", 0.0))
+
+
+def _object(saved: object) -> dict | None:
+    return saved if isinstance(saved, dict) else None
 
 
 def _count(value: object) -> bool:
@@ -256,10 +272,11 @@ def _outcome_ok(saved: object) -> bool:
             and all(_amount(saved.get(key, 0)) for key in ("cost_usd", "latency_s")))
 
 
-def fingerprint(cfg: ReflactConfig, messages: list[dict]) -> str:
+def fingerprint(cfg: ReflactConfig, messages: list[dict], draw: int = 0) -> str:
     """What a saved patch must have been made from to be reused: everything that shapes the call,
-    i.e. the model, mode, L, decoding settings, and both messages (which hold the templates, the
-    skill, the contexts and the trajectories)."""
+    i.e. the model, mode, L, decoding settings, the draw's sample index (and the seed sent with it
+    when there are several draws), and both messages (which hold the templates, the skill, the
+    contexts and the trajectories)."""
     o = cfg.optimizer
     shape = {
         "model": o.model,
@@ -267,9 +284,11 @@ def fingerprint(cfg: ReflactConfig, messages: list[dict]) -> str:
         "budget": cfg.reflect.edit_budget,
         "temperature": o.temperature,
         "reasoning_effort": o.reasoning_effort,
-        "sample": o.sample,
+        "sample": o.sample + draw,
         "messages": messages,
     }
+    if o.samples > 1:  # only then is a seed sent: a single draw's fingerprint stays what it was
+        shape["seed"] = o.sample + draw
     return hashlib.sha256(json.dumps(shape, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
@@ -286,15 +305,33 @@ class SweepDir:
         self.report = self.root / "report"
 
     def parent_record(self) -> dict:
-        saved = read_json(self.root / "mlflow_parent.json")
-        return saved if isinstance(saved, dict) else {}
+        return _object(read_json(self.root / "mlflow_parent.json")) or {}
 
     def write_parent_record(self, record: dict) -> None:
         write_json(self.root / "mlflow_parent.json", record)
 
     def identity(self) -> dict:
-        saved = read_json(self.root / "sweep.json")
-        return saved if isinstance(saved, dict) else {}
+        return _object(read_json(self.root / "sweep.json")) or {}
 
     def write_identity(self, identity: dict) -> None:
         write_json(self.root / "sweep.json", identity)
+
+    def is_sweep(self) -> bool:
+        return (self.root / "sweep.json").is_file() or (self.root / "mlflow_parent.json").is_file()
+
+    def runs(self) -> list[RunDir]:
+        """Its jobs' run dirs that got as far as their summary, by path. A job folder is named after
+        its overrides, so a value with a slash (data.dir=/data/x) nests it deeper: all levels are
+        searched, but not inside a run dir."""
+        found = []
+        for folder, subfolders, files in os.walk(self.root):
+            subfolders.sort()
+            if SUMMARY in files and Path(folder) != self.root:
+                found.append(RunDir(Path(folder)))
+                subfolders.clear()
+        return found
+
+    @classmethod
+    def holding(cls, run_dir: Path) -> "SweepDir | None":
+        """The sweep a run dir belongs to: the nearest folder above it that is a sweep dir."""
+        return next((cls(folder) for folder in Path(run_dir).resolve().parents if cls(folder).is_sweep()), None)

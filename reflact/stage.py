@@ -8,6 +8,7 @@ their own modules; observers (progress, live tracking) follow along through even
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,10 +23,12 @@ from reflact.modes import Mode, get_mode, reply_schema
 from reflact.optimizer import Optimizer, output_allowance
 from reflact.outcome import Outcome, Tally
 from reflact.patches import merge_replies
-from reflact.plan import GROUPS, Minibatch, plan_minibatches
+from reflact.plan import GROUPS, Minibatch, plan_minibatches, with_draws
 from reflact.progress import Progress
 from reflact.prompts import SystemPrompts, resolve_system_prompts, text_or_file
 from reflact.rundir import RunDir, fingerprint
+
+log = logging.getLogger("reflact")
 
 
 class Settled:
@@ -81,20 +84,23 @@ class Stage:
         self.prompts = PromptBuilder(cfg, dataset, self.mode, self.system, *contexts)
         self.publish = Publisher(observers if observers is not None else [Progress(cfg, self.mode)])
         self.asker = self._asker(optimizer)
+        self._built: tuple[tuple[str, int], Prompt] | None = None  # the last minibatch's prompt, for its draws
 
     def _asker(self, optimizer: Optimizer) -> Asker:
-        o = self.cfg.optimizer
-        schemas = {group: reply_schema(self.mode, group, self.system.notes_allowed[group]) for group in GROUPS}
+        o, provenance = self.cfg.optimizer, self.cfg.reflect.provenance
+        schemas = {group: reply_schema(self.mode, group, self.system.notes_allowed[group], provenance)
+                   for group in GROUPS}
         return Asker(optimizer, self.mode, self.cfg.reflect.edit_budget, self.cfg.reflect.max_reasks,
                      output_allowance(o, self.mode), o.max_output_tokens_ceiling, o.prices.get(o.model),
-                     Spend(o.max_cost_usd), schemas, self.system.notes_allowed, self.publish, threading.Event())
+                     Spend(o.max_cost_usd), schemas, self.system.notes_allowed, self.publish, threading.Event(),
+                     provenance)
 
     def observe(self, observer: Observer) -> None:
         self.publish.observers.append(observer)
 
     def run(self) -> list[Outcome]:
         """Every minibatch's outcome, failures by index then successes, whatever order they ended in."""
-        plan = plan_minibatches(self.dataset.results, self.cfg.reflect)
+        plan = with_draws(plan_minibatches(self.dataset.results, self.cfg.reflect), self.draws())
         self.publish(Planned(plan))
         self.run_dir.clean()
         settled = Settled(self.publish, 2 * self.cfg.reflect.workers)
@@ -119,6 +125,15 @@ class Stage:
                 raise
         return [settled.outcomes[mb.tag] for mb in plan]
 
+    def draws(self) -> int:
+        """optimizer.samples; several draws of one prompt only differ when the model samples."""
+        o = self.cfg.optimizer
+        if o.samples > 1 and not o.temperature:
+            log.warning("optimizer.samples=%d with optimizer.temperature %s: a deterministic model gives every "
+                        "draw the same reply; set optimizer.temperature (e.g. 1.0)", o.samples,
+                        "unset" if o.temperature is None else "0")
+        return o.samples
+
     def stop(self, pool: ThreadPoolExecutor) -> None:
         """No new request starts; queued minibatches are dropped and requests in flight abandoned
         (their minibatches are recorded as failed, so a rerun of the run dir redoes them)."""
@@ -135,20 +150,31 @@ class Stage:
         if not shown:
             outcome.status = "skipped"
             return outcome, None
-        prompt = self.prompts.build(mb.tag, mb.group, shown)
+        prompt = self._prompt(mb, shown)
         outcome.parts, outcome.shortened = len(prompt.parts), prompt.shortened
-        fp = fingerprint(self.cfg, prompt.messages)
+        fp = fingerprint(self.cfg, prompt.messages, mb.draw)
         saved = self.run_dir.resume(outcome, fp, self.mode.payload_key)
         if saved is not None:
             return outcome, saved
         self.run_dir.write_prompt(mb.tag, prompt.parts)
         return Ready(mb, outcome, prompt, fp)
 
+    def _prompt(self, mb: Minibatch, shown: list) -> Prompt:
+        """The minibatch's prompt; its further draws (next in the plan, prepared on this one thread)
+        take the one built for its first draw."""
+        if mb.draw and self._built is not None and self._built[0] == (mb.group, mb.index):
+            return self._built[1]
+        prompt = self.prompts.build(mb.tag, mb.group, shown)
+        self._built = ((mb.group, mb.index), prompt)
+        return prompt
+
     def execute(self, ready: Ready) -> tuple[Outcome, dict | None]:
         """The conversation(s) of a prepared minibatch, then its record and patch."""
         outcome, tally, asked = ready.outcome, Tally(), []
-        for part in ready.prompt.parts:
-            one = self.asker.ask(outcome.tag, outcome.group, part, len(tally.call_log), self._keep(outcome.tag))
+        sample = self.cfg.optimizer.sample + ready.mb.draw if self.cfg.optimizer.samples > 1 else None
+        for part, ids in zip(ready.prompt.parts, ready.prompt.ids):
+            one = self.asker.ask(outcome.tag, outcome.group, part, len(tally.call_log), self._keep(outcome.tag),
+                                 ids, sample)
             tally.add(one.tally)
             asked.append(one)
             if one.status not in ("ok", "dry_run"):  # a dry run estimates every part

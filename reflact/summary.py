@@ -16,17 +16,19 @@ from reflact.optimizer import Usage
 from reflact.outcome import STATUSES, Outcome
 from reflact.plan import split
 from reflact.preview import Preview, run_apply_counts, write_preview
+from reflact.provenance import SupportTally
 from reflact.run_report import minibatch_section, write_run_report
 from reflact.rundir import RunDir
 
 WITH_PATCH = ("done", "reused")
 # every run count in summary.json and MLflow; the apply counts in patch mode only
 APPLY_METRICS = ("edits_applied", "edits_fallback", "edits_skipped", "apply_share")
+PROVENANCE_METRICS = ("edits_supported", "support_share", "trajectories_unused")  # with reflect.provenance
 RUN_METRICS = (
     "results", "failures", "successes", "skipped", "minibatches", *(f"minibatches_{s}" for s in STATUSES),
     "calls", "failed_calls", "reasks", "retries", "cache_hits", "edits_proposed", "edits_kept", "edits_truncated",
     "tokens_prompt", "tokens_cached", "tokens_completion", "tokens_reasoning", "cost_usd", "spent_usd",
-    "wall_time_s", *APPLY_METRICS,
+    "wall_time_s", *APPLY_METRICS, *PROVENANCE_METRICS,
 )
 
 
@@ -62,7 +64,7 @@ def run_status(counts: dict, cfg: ReflactConfig, outcomes: list[Outcome], run_di
 
 def settings(cfg: ReflactConfig, template_hashes: dict[str, str]) -> dict:
     r = cfg.reflect
-    return {
+    shown = {
         "minibatch_size": r.minibatch_size,
         "edit_budget": r.edit_budget,
         "seed": r.seed,
@@ -73,6 +75,12 @@ def settings(cfg: ReflactConfig, template_hashes: dict[str, str]) -> dict:
         "skill_aware": r.skill_aware.enabled,
         "template_hashes": template_hashes,
     }
+    # only when in use: a run without them keeps the summary it always had
+    if cfg.optimizer.samples > 1:
+        shown["samples"] = cfg.optimizer.samples
+    if r.provenance:
+        shown["provenance"] = True
+    return shown
 
 
 def counts(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], wall_time_s: float) -> dict:
@@ -123,6 +131,7 @@ def summarize(run_dir: RunDir, cfg: ReflactConfig, dataset: Dataset, mode: Mode,
     """Writes the previews, kept items, summary and report; returns the summary.
     `started` is when the run started by `clock` (epoch seconds: time.time)."""
     previews: dict[str, Preview] = {}
+    support = SupportTally() if cfg.reflect.provenance else None
     with run_dir.kept_items_writer() as kept, tempfile.TemporaryFile("w+", encoding="utf-8") as sections:
         for o in outcomes:
             patch = run_dir.patch(o.tag) if o.status in WITH_PATCH else None
@@ -132,8 +141,10 @@ def summarize(run_dir: RunDir, cfg: ReflactConfig, dataset: Dataset, mode: Mode,
                 previews.update({o.tag: preview} if preview else {})
                 rows = kept_rows(o, patch, mode, preview)
                 kept.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+                if support is not None:
+                    support.add([i for i in o.ids if i not in dataset.skipped], [row["item"] for row in rows])
             sections.write(minibatch_section(o, patch, rows, mode.payload_key))
-        summary = make_summary(cfg, dataset, outcomes, previews, template_hashes, clock() - started)
+        summary = make_summary(cfg, dataset, outcomes, previews, template_hashes, clock() - started, support)
         summary["times"] = {"started_at": started, "ended_at": clock()}
         run_dir.write_summary(summary)
         sections.seek(0)
@@ -142,11 +153,13 @@ def summarize(run_dir: RunDir, cfg: ReflactConfig, dataset: Dataset, mode: Mode,
 
 
 def make_summary(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], previews: dict[str, Preview],
-                 template_hashes: dict, wall_time_s: float) -> dict:
+                 template_hashes: dict, wall_time_s: float, support: SupportTally | None = None) -> dict:
     run_counts = counts(cfg, dataset, outcomes, wall_time_s)
     if cfg.reflect.update_mode == "patch":
         run_counts.update(apply_metrics(run_apply_counts(previews)))
-    return {
+    if support is not None:
+        run_counts.update(support.counts())
+    summary = {
         "settings": settings(cfg, template_hashes),
         "counts": run_counts,
         "skipped": dataset.skipped,
@@ -155,3 +168,6 @@ def make_summary(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], 
             for o in outcomes
         ],
     }
+    if support is not None:  # the shown trajectories no kept item stands on
+        summary["unused_trajectories"] = support.unused()
+    return summary

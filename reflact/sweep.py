@@ -142,7 +142,7 @@ def status_of_children(store, sweep: SweepDir, aborted: bool) -> str:
     metrics = {"jobs": len(statuses), **{f"jobs_{s.lower()}": statuses.count(s) for s in ("FINISHED", "FAILED",
                                                                                             "KILLED")}}
     for key, how in (("cost_usd", "sum"), ("spent_usd", "sum"), ("calls", "sum"), ("edits_kept", "mean"),
-                     ("apply_share", "mean")):
+                     ("apply_share", "mean"), ("redundancy", "mean"), ("agreement", "mean")):
         if key in runs and runs[key].notna().any():
             metrics[f"{key}_{how}"] = float(getattr(runs[key], how)())
     store.log_metrics([(k, float(v), 0) for k, v in metrics.items()], _now_ms())

@@ -32,6 +32,8 @@ SERIES = ("proposed", "kept", "reasks", "retries", "cost_usd", "latency_s")
 SERIES_TOKENS = ("prompt", "completion")
 # what a dry run only estimates, logged under names of their own
 ESTIMATED = ("cost_usd", "tokens_prompt", "tokens_completion", "tokens_cached", "tokens_reasoning")
+# run metrics from the run's analysis.json (reflact.analysis), when it has them
+ANALYSIS_METRICS = ("agreement", "redundancy", "distinct_edits", "distinct_edits_per_usd")
 SHORT_MODE = {"patch": "patch", "rewrite_from_suggestions": "rewrite", "full_rewrite_minibatch": "full_rewrite"}
 
 
@@ -47,6 +49,7 @@ def run_name(cfg: ReflactConfig, job: int | None = None) -> str:
     """What tells runs apart at a glance: `patch M8 L4 s42`, `#3` for a sweep's job, `dry run`."""
     r = cfg.reflect
     name = f"{SHORT_MODE[r.update_mode]} M{r.minibatch_size} L{r.edit_budget} s{r.seed}"
+    name += f" k{cfg.optimizer.samples}" if cfg.optimizer.samples > 1 else ""
     name += f" #{job}" if job is not None else ""
     return name + (" dry run" if cfg.optimizer.dry_run else "")
 
@@ -54,7 +57,10 @@ def run_name(cfg: ReflactConfig, job: int | None = None) -> str:
 def setting_metrics(cfg: ReflactConfig) -> dict[str, float]:
     """M, L, seed and mode as metrics too, so charts and the compare view can use them as axes."""
     r = cfg.reflect
-    return {"M": r.minibatch_size, "L": r.edit_budget, "seed": r.seed, "mode": get_mode(r.update_mode).number}
+    metrics = {"M": r.minibatch_size, "L": r.edit_budget, "seed": r.seed, "mode": get_mode(r.update_mode).number}
+    if cfg.optimizer.samples > 1:  # draws per minibatch; absent: one
+        metrics["samples"] = cfg.optimizer.samples
+    return metrics
 
 
 def total_metrics(counts: dict, dry_run: bool) -> dict[str, float]:
@@ -67,6 +73,12 @@ def total_metrics(counts: dict, dry_run: bool) -> dict[str, float]:
             continue
         metrics[key] = float(value)
     return metrics
+
+
+def analysis_metrics(analysis: dict) -> dict[str, float]:
+    """The run's analysis figures as metrics; one that is not defined (agreement with one draw,
+    items per dollar of an unpriced run) is left out rather than logged as a number."""
+    return {key: float(analysis[key]) for key in ANALYSIS_METRICS if isinstance(analysis.get(key), (int, float))}
 
 
 def minibatch_metrics(record: dict) -> dict[str, float]:
@@ -124,10 +136,11 @@ def dataset_digest(skill_path: Path, results_path: Path, conversations: list[Pat
     return digest.hexdigest()[:16]
 
 
-def prompt_name(group: str, mode: str, skill_aware: bool, overridden: bool) -> str:
+def prompt_name(group: str, mode: str, skill_aware: bool, overridden: bool, provenance: bool = False) -> str:
     """The prompt registry's name of a system prompt: a new version only when its text changes."""
     name = f"reflact.{group}.{SHORT_MODE[mode]}"
-    return name + (".skill_aware" if skill_aware else "") + (".custom" if overridden else "")
+    name += (".skill_aware" if skill_aware else "") + (".provenance" if provenance else "")
+    return name + (".custom" if overridden else "")
 
 
 class Store:

@@ -3,10 +3,16 @@
 By default it answers every call with a valid reply for the mode it reads off the user
 message, proposing L + 2 items so the budget cut shows. Tests inject faults by setting
 `script`: a function (request body, call number) -> Response, or None for the default.
+
+A request that carries a `seed` (reflact sends one with optimizer.samples > 1) is answered like a
+sampling model: the same minibatch gets partly different items for different seeds, and all of
+it is a function of the minibatch's ids and the seed (see `seeded_items`). With the provenance
+instruction in the system prompt every item names the trajectories it stands on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -44,6 +50,101 @@ def chat_body(text: str, finish_reason: str = "stop", prompt_tokens: int = 100, 
     }
 
 
+# rules a seeded reply proposes: a minibatch's "stable" items come from here (the same in every draw,
+# and now and then the same as another minibatch's), its draw-dependent items from RARE
+RULES = (
+    "Check the final answer against the exact wording of the question before finishing.",
+    "Search for the full name of an entity before searching for its attributes.",
+    "When a lookup returns nothing, retry once with a shorter query before giving up.",
+    "Quote the passage that supports the answer in your reasoning.",
+    "Compare both candidates explicitly when the question asks which of two is larger.",
+    "Stop searching once two independent sources agree.",
+    "Convert amounts to the units the task uses before acting on them.",
+    "Prefer the most specific page over a disambiguation page.",
+    "Keep the answer to the shortest span that fully answers the question.",
+    "Re-read the task's constraints after every tool error.",
+    "Write down intermediate findings before starting a new search.",
+    "Verify the current state of a record before changing it.",
+    "State which rule applies when you refuse a request.",
+    "Double-check dates and years against the source text.",
+    "Never repeat a failed action with identical arguments.",
+    "Ask for the missing identifier instead of guessing it.",
+)
+RARE = (
+    "Mention delivery times only when the user asks about them.",
+    "Greet the user by name when the profile gives one.",
+    "Summarise long tool outputs in one sentence before using them.",
+    "Use a table when the answer lists more than three items.",
+    "Close every conversation by asking whether anything else is needed.",
+    "Spell out abbreviations the first time they appear.",
+    "Prefer official sources over forum posts.",
+    "Round percentages to one decimal place.",
+    "Log the tool name with each observation you cite.",
+    "Avoid nested bullet points deeper than two levels.",
+    "Translate foreign titles before comparing them.",
+    "Sort candidate answers alphabetically before choosing.",
+    "Treat a timeout as a failed lookup, not as an empty result.",
+    "Say explicitly when two sources conflict.",
+    "Restate the user's goal in your first message.",
+    "Keep replies under one hundred words unless asked for detail.",
+    "Write numbers below ten as words.",
+    "Link the source page beside each cited fact.",
+    "Use the customer's currency in every amount you mention.",
+    "Confirm irreversible actions before taking them.",
+    "Name the assumption behind any estimate you give.",
+    "Cite the step number when you refer to an earlier action.",
+    "Start each search with the most distinctive word of the question.",
+    "Report the tool's error message word for word.",
+)
+
+
+def _number(text: str) -> int:
+    """A stable number from text (Python's hash() differs between processes)."""
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+
+
+def seeded_items(ids: list[str], n: int, seed: int) -> list[str]:
+    """n rule texts for a minibatch and a seed: item i is the minibatch's own rule (RULES, the same
+    whatever the seed; for odd seeds lightly reworded: lower case, no final stop) unless
+    (i + seed) % 3 == 2, when it is a rule of this draw alone (RARE)."""
+    base = _number(",".join(ids))
+    texts = []
+    for i in range(n):
+        if (i + seed) % 3 == 2:
+            texts.append(RARE[_number(f"{base}/{i}/{seed}") % len(RARE)])
+            continue
+        rule = RULES[(base + i) % len(RULES)]
+        texts.append(rule[0].lower() + rule[1:-1] if seed % 2 else rule)
+    return texts
+
+
+def _first_rule_line(user: str) -> str | None:
+    """A line of the current skill to anchor insert_after edits on (its first bullet)."""
+    after = user.split("## Current Skill\n", 1)[-1]
+    skill = re.split(r"\n\n## (?:Edit Budget|Suggestion Budget|Update Format)\n", after)[0]
+    return next((line for line in skill.splitlines() if line.startswith("- ")), None)
+
+
+def _items(user: str, ids: list[str], n: int, seed: int | None) -> dict:
+    if "## Update Format" in user:
+        summary = ["tightened rules"] if seed is None else seeded_items(ids, 2, seed)
+        return {"reasoning": "one candidate", "skill_candidates": [
+            {"title": "Rewrite", "change_summary": summary, "new_skill": "# Skill\n- be careful\n"}]}
+    if "## Suggestion Budget" in user:
+        texts = [None] * n if seed is None else seeded_items(ids, n, seed)
+        return {"reasoning": "suggestions", "revise_suggestions": [
+            {"type": "clarify", "title": f"s{i}" if text is None else text[:40], "motivation": "seen often",
+             "instruction": "say it plainly" if text is None else text, "priority_hint": "high"}
+            for i, text in enumerate(texts)]}
+    if seed is None:
+        return {"reasoning": "edits", "edits": [
+            {"op": "append", "content": f"- rule {i} from {', '.join(ids)}"} for i in range(n)]}
+    anchor = _first_rule_line(user)
+    edits = [{"op": "insert_after", "target": anchor, "content": f"- {text}"} if anchor and i % 2
+             else {"op": "append", "content": f"- {text}"} for i, text in enumerate(seeded_items(ids, n, seed))]
+    return {"reasoning": "edits", "edits": edits}
+
+
 def default_reply(request: dict) -> dict:
     """A valid reply object for the request's mode and group, with L + 2 items."""
     user = request["messages"][1]["content"]
@@ -51,16 +152,12 @@ def default_reply(request: dict) -> dict:
     budget = re.search(r"at most L=(\d+)", user)
     n = int(budget.group(1)) + 2 if budget else 3
     ids = re.findall(r"^### Trajectory \d+ of \d+ \(id: (.+)\)$", user, re.M)
-    if "## Update Format" in user:
-        patch = {"reasoning": "one candidate", "skill_candidates": [
-            {"title": "Rewrite", "change_summary": ["tightened rules"], "new_skill": "# Skill\n- be careful\n"}]}
-    elif "## Suggestion Budget" in user:
-        patch = {"reasoning": "suggestions", "revise_suggestions": [
-            {"type": "clarify", "title": f"s{i}", "motivation": "seen often", "instruction": "say it plainly",
-             "priority_hint": "high"} for i in range(n)]}
-    else:
-        patch = {"reasoning": "edits", "edits": [
-            {"op": "append", "content": f"- rule {i} from {', '.join(ids)}"} for i in range(n)]}
+    patch = _items(user, ids, n, request.get("seed"))
+    if "## Evidence Behind Each Item" in request["messages"][0]["content"]:
+        for i, item in enumerate(next(v for k, v in patch.items() if k != "reasoning")):
+            # the first item stands on no trajectory; the others on one or two
+            named = {1 + i % len(ids), 1 + (i * 3) % len(ids)} if ids else set()
+            item["supporting_trajectories"] = [] if i == 0 else sorted(named)
     summary_key = "failure_summary" if group_failure else "success_patterns"
     summary = {"pattern": "p", "trajectories": ids}
     if group_failure:  # as the failure templates ask for it

@@ -1,0 +1,213 @@
+"""Agreement, redundancy and seed agreement after the fact, over any finished run dirs:
+
+    python -m reflact.analyze RUN_OR_SWEEP_DIR... [--out DIR] [--threshold X] [--log]
+
+A sweep dir stands for its jobs' run dirs. The runs may come from different days and sweeps: runs
+whose settings differ only in `reflect.seed` are compared across seeds. Writes `analysis.md` (a
+table per run and per cell), `analysis.png` and `analysis.json` into --out (default: the sweep's
+`report/` when one sweep dir is given, else `analysis/` here). Nothing in the run dirs changes.
+With --log the figures go to the MLflow parent run of each sweep involved (`mlflow_parent.json`):
+the seed agreement per cell and its mean, the means of redundancy, agreement and distinct items,
+the threshold, and the report under `analysis/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from reflact.analysis import Run, analyse, load_run, seed_agreement, seed_by_cell, seed_metrics
+from reflact.config import AnalysisConfig, check_threshold
+from reflact.errors import UserError, exits_on_user_error
+from reflact.rundir import RunDir, SweepDir
+
+log = logging.getLogger("reflact")
+SHOWN = ("edits", "distinct_edits", "distinct_edits_per_usd", "redundancy", "agreement")
+
+
+def resolve(paths: list[Path]) -> tuple[list[Path], list[SweepDir]]:
+    """(the run dirs to analyse, in the order given; the sweeps they belong to)."""
+    runs: list[Path] = []
+    sweeps: dict[Path, SweepDir] = {}
+    for path in paths:
+        if not path.is_dir():
+            raise UserError(f"{path}: no such directory")
+        if RunDir(path).summary() is not None:
+            runs.append(path)
+            parent = SweepDir.holding(path)
+            sweeps.update({parent.root: parent} if parent is not None else {})
+            continue
+        sweep = SweepDir(path.resolve())
+        found = [rd.root for rd in sweep.runs()]
+        if not found:
+            raise UserError(f"{path}: neither a finished run dir nor a sweep dir holding finished run dirs")
+        runs += found
+        sweeps[sweep.root] = sweep
+    unique = list(dict.fromkeys(p.resolve() for p in runs))
+    return unique, list(sweeps.values())
+
+
+def pick_threshold(given: float | None, runs: list[Run]) -> float:
+    """--threshold, else the one the runs were analysed with (they must agree), else the default."""
+    if given is not None:
+        return check_threshold(given, "--threshold")
+    found = sorted({run.threshold for run in runs if run.threshold is not None})
+    if len(found) > 1:
+        raise UserError(f"the runs were analysed with different match thresholds ({', '.join(map(str, found))}); "
+                        "choose one with --threshold")
+    return found[0] if found else AnalysisConfig().match_threshold
+
+
+def figures(runs: list[Run], threshold: float) -> dict:
+    """What the report shows: each run's figures and each cell's seed agreement."""
+    per_run = []
+    for run in runs:
+        result = analyse(run, threshold)
+        result.pop("near_duplicates")  # in each run's own analysis
+        per_run.append({"run_dir": str(run.path), **run.label(), "seed": run.seed,
+                        "support_share": run.support_share, **result})
+    cells = seed_agreement(runs, threshold)
+    by_cell = seed_by_cell(cells)
+    return {"threshold": threshold, "runs": per_run, "cells": cells, "metrics": {
+        **seed_metrics(by_cell), **_means(per_run), "analysis_threshold": threshold}}
+
+
+def _means(per_run: list[dict]) -> dict[str, float]:
+    means = {}
+    for key in ("redundancy", "agreement", "distinct_edits"):
+        values = [r[key] for r in per_run if isinstance(r.get(key), (int, float))]
+        if values:
+            means[f"{key}_mean"] = round(sum(values) / len(values), 6)
+    return means
+
+
+def markdown(result: dict) -> str:
+    lines = ["# Agreement and redundancy", "", f"Match threshold {result['threshold']}.", "", "## Runs", ""]
+    head = ["run", "mode", "M", "L", "seed", "k", *SHOWN, "support_share"]
+    lines += _table(head, [[_short(r["run_dir"]), *(r[k] for k in head[1:])] for r in result["runs"]])
+    lines += ["", "## Across seeds", "", "Runs whose settings differ only in the seed form a cell.", ""]
+    head = ["mode", "M", "L", "k", "seeds", "runs", "edits", "recurring", "seed_agreement"]
+    lines += _table(head, [[c[k] for k in head] for c in result["cells"]])
+    lines += ["", "agreement: share of a minibatch's items that another of its draws repeats (k >= 2); "
+              "redundancy: share of items that another minibatch of the same group repeats; seed_agreement: "
+              "share of a cell's items that a run with another seed repeats; – where not defined."]
+    return "\n".join(lines) + "\n"
+
+
+def _table(head: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return out + ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    return str(value).replace("|", "\\|")
+
+
+def _short(path: str, limit: int = 48) -> str:
+    name = Path(path).name
+    return name if len(name) <= limit else "…" + name[-(limit - 1):]
+
+
+def picture(result: dict, path: Path) -> Path:
+    """Per cell: the mean redundancy and agreement of its runs, and its seed agreement, as bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = result["cells"]
+    names = [f"{c['mode']} M{c['M']} L{c['L']}" + (f" k{c['k']}" if c["k"] != 1 else "") for c in cells]
+    series = {"redundancy": [], "agreement": [], "seed_agreement": [c["seed_agreement"] for c in cells]}
+    for c in cells:
+        members = [r for r in result["runs"] if (r["update_mode"], r["M"], r["L"], r["k"]) ==
+                   (c["update_mode"], c["M"], c["L"], c["k"])]
+        for key in ("redundancy", "agreement"):
+            values = [r[key] for r in members if r[key] is not None]
+            series[key].append(sum(values) / len(values) if values else None)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cells) + 2), 4.5))
+    width = 0.8 / len(series)
+    for n, (key, values) in enumerate(series.items()):
+        ax.bar([i + n * width for i in range(len(cells))], [v if v is not None else 0 for v in values], width,
+               label=key)
+    ax.set_xticks([i + width for i in range(len(cells))], names, rotation=20, ha="right")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share of kept items")
+    ax.set_title(f"agreement and redundancy (match threshold {result['threshold']})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(result: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "analysis.md").write_text(markdown(result), encoding="utf-8")
+    (out / "analysis.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return [out / "analysis.md", picture(result, out / "analysis.png"), out / "analysis.json"]
+
+
+def log_to_parents(sweeps: list[SweepDir], metrics: dict[str, float], paths: list[Path]) -> bool:
+    """The figures on each sweep's MLflow parent run; False when a store failed (with a warning)."""
+    from reflact.tracking import mlflow_defaults, one_line
+
+    mlflow_defaults()
+    from mlflow.tracking import MlflowClient
+
+    ok = True
+    for sweep in sweeps:
+        record = sweep.parent_record()
+        if not record.get("run_id") or not record.get("tracking_uri"):
+            continue
+        try:
+            client = MlflowClient(tracking_uri=record["tracking_uri"])
+            for key, value in metrics.items():
+                client.log_metric(record["run_id"], key, float(value))
+            for path in paths:
+                client.log_artifact(record["run_id"], str(path), "analysis")
+            log.info("logged to the MLflow parent run %s of %s", record["run_id"], sweep.root)
+        except Exception as exc:  # noqa: BLE001 - the store's failure, in one line; the report is on disk
+            log.warning("MLflow logging to %s failed: %s", record["tracking_uri"], one_line(exc))
+            ok = False
+    return ok
+
+
+def analyze(paths: list[Path], out: Path | None, threshold: float | None,
+            to_mlflow: bool) -> tuple[list[Path], bool]:
+    """The command, from Python: (the report's files, whether everything asked was logged)."""
+    run_dirs, sweeps = resolve(paths)
+    if to_mlflow and not any(s.parent_record().get("run_id") for s in sweeps):
+        raise UserError("--log: none of the given dirs belongs to a sweep with an MLflow parent run "
+                        "(mlflow_parent.json)")
+    runs = [load_run(path) for path in run_dirs]
+    result = figures(runs, pick_threshold(threshold, runs))
+    if out is None:
+        out = sweeps[0].report if len(sweeps) == 1 and all(SweepDir(p).is_sweep() for p in paths) else Path("analysis")
+    written = write_report(result, out)
+    return written, log_to_parents(sweeps, result["metrics"], written) if to_mlflow else True
+
+
+@exits_on_user_error
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Agreement, redundancy and seed agreement of finished runs.")
+    parser.add_argument("dirs", type=Path, nargs="+", metavar="RUN_OR_SWEEP_DIR")
+    parser.add_argument("--out", type=Path, default=None, help="folder for the report")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="match threshold in (0, 1] (default: the runs' own, else 0.85)")
+    parser.add_argument("--log", action="store_true", help="log the figures to the sweeps' MLflow parent runs")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    written, logged = analyze(args.dirs, args.out, args.threshold, args.log)
+    print("\n".join(str(path) for path in written))
+    return 0 if logged else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
