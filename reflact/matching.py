@@ -28,6 +28,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # numpy is imported where it is used (it is slow to import)
+    import numpy as np
 
 SCORER = "rapidfuzz fuzz.ratio on lowercased, whitespace-collapsed, word-sorted text"
 CELLS_PER_CHUNK = 2_000_000  # scores computed at once (8 MB as float32); rows per chunk follow from it
