@@ -160,3 +160,14 @@ def stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             continue
     proc.log_file.close()  # type: ignore[attr-defined]
+
+
+# end-to-end fixtures that run several whole commands (sweeps, kills and reruns, broken stores):
+# the tests sharing them are slow, out of the quick `pytest -m "not slow"` loop (CI runs them all)
+SLOW_FIXTURES = {"sweeps", "killed_and_rerun", "tracking_failure", "shown"}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
