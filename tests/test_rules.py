@@ -14,16 +14,17 @@ from pathlib import Path
 import pytest
 
 from reflact.client import make_client
-from reflact.dataset import load_dataset
+from reflact.dataset import Dataset, load_dataset
 from reflact.experiment import Launch, run_experiment
 from reflact.messages import Prompt
 from reflact.modes import get_mode
 from reflact.optimizer import DryRunEstimator
+from reflact.outcome import Outcome
 from reflact.patches import CheckedReply, merge_replies
 from reflact.plan import Minibatch, plan_minibatches
 from reflact.rundir import RunDir, fingerprint
 from reflact.stage import Stage
-from reflact.summary import counts
+from reflact.summary import counts, run_status
 from tests.conftest import SKILL, make_config, write_dataset
 from tests.optimizer_server import Response, chat_body, default_reply
 
@@ -295,6 +296,17 @@ def test_a_prompt_fits_when_it_and_the_output_allowance_are_at_most_90_percent_o
         assert (parts, shortened > 0) == ((1, True) if mode == "full_rewrite" else (2, False))
 
 
+def test_a_split_is_logged_with_its_sizes(tmp_path, caplog):
+    data = write_dataset(tmp_path / "d", n_fail=5, n_succ=0)
+    [outcome] = dry_stage(data, tmp_path / "plain", "reflect.minibatch_size=5").run()
+    tokens = tokens_of(tmp_path / "plain", outcome.tag)
+    allowance, window = boundary(tokens, 1000)
+    with caplog.at_level("INFO", logger="reflact"):
+        assert fitted(data, tmp_path / "split", window - 1, allowance, "reflect.minibatch_size=5")[0] == 2
+    assert (f"minibatch_fail_000: ~{tokens} prompt tokens do not fit optimizer.context_window={window - 1}; "
+            "splitting 5 trajectories into 3 + 2") in caplog.messages
+
+
 def test_the_other_modes_allowance_does_not_count_against_the_window(tmp_path):
     data = write_dataset(tmp_path / "d", n_fail=4, n_succ=0)
     [outcome] = dry_stage(data, tmp_path / "plain").run()
@@ -507,6 +519,7 @@ def test_every_count_of_the_summary_has_its_own_known_value(tmp_path, server):
         "minibatch_succ_001": (1, 0, 0, 0, 0, 2, 1, 6),
         "minibatch_succ_002": (0, 0, 0, 0, 0, 3, 0, 0),
     }
+    assert [records[tag]["truncated"] for tag in records] == [4, 4, 0, 4, 0, 4, 4, 4, 0]
     assert records["minibatch_fail_003"]["apply"] == {"applied": 2, "fallback": 1, "skipped": 3, "total": 6,
                                                       "apply_share": 0.5}
     assert records["minibatch_succ_002"]["error"] == "cost limit reached"
@@ -524,6 +537,47 @@ def test_a_dry_run_counts_its_minibatches_as_dry_run_and_spends_nothing(tmp_path
     assert (c["calls"], c["cache_hits"], c["spent_usd"], c["edits_proposed"]) == (0, 0, 0, 0)
     assert c["tokens_completion"] == 3 * 1500 and c["tokens_prompt"] > 0
     assert c["cost_usd"] == pytest.approx((c["tokens_prompt"] * 1 + c["tokens_completion"] * 2) / 1e6, abs=1e-6)
+
+
+def test_a_rewrite_run_lists_its_kept_items_and_has_no_apply_counts(tmp_path, server):
+    data = write_dataset(tmp_path / "d", n_fail=3, n_succ=2)
+    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.cache=off", "reflect.update_mode=rewrite", "reflect.edit_budget=2",
+                      "mlflow.enabled=false")
+    summary = run_experiment(cfg, {}, tmp_path / "run", Launch(tmp_path)).summary
+    rows = list(RunDir(tmp_path / "run").kept_items())
+    assert [(r["minibatch"], r["position"], r["item"]["title"]) for r in rows] == [
+        ("minibatch_fail_000", 0, "s0"), ("minibatch_fail_000", 1, "s1"),
+        ("minibatch_succ_000", 0, "s0"), ("minibatch_succ_000", 1, "s1")]
+    assert all("apply" not in r for r in rows)
+    c = summary["counts"]
+    assert (c["edits_proposed"], c["edits_kept"], c["edits_truncated"]) == (8, 4, 4)
+    assert not {"edits_applied", "edits_fallback", "edits_skipped", "apply_share"} & set(c)
+    assert not (tmp_path / "run" / "preview").exists()
+
+
+def status_of(*statuses: str, dry_run: bool = False, allow_failed: bool = True) -> tuple[str, str]:
+    """run_status for minibatches that ended so (a failed one with the error 'boom')."""
+    cfg = make_config("data.dir=unused", OFFLINE, f"reflect.allow_failed_minibatches={allow_failed}",
+                      *(["optimizer=dry_run"] if dry_run else []))
+    outcomes = [Outcome(tag=f"minibatch_fail_{i:03d}", group="failure", index=i, ids=[], status=s,
+                        error="boom" if s == "failed" else "") for i, s in enumerate(statuses)]
+    dataset = Dataset(skill="", results=[], predictions=Path("."), max_bytes=1)
+    return run_status(counts(cfg, dataset, outcomes, 0.0), cfg, outcomes, Path("the-run"))
+
+
+def test_the_run_fails_when_no_minibatch_made_a_patch_or_a_failure_is_not_allowed():
+    status, why = status_of("failed", "not_run", "skipped")
+    assert status == "FAILED" and why.startswith("no minibatch produced a patch (1 failed, 1 not run; first error: boom)")
+    assert "hydra.run.dir=the-run" in why
+    assert status_of("not_run")[0] == "FAILED"
+    status, why = status_of("done", "failed", allow_failed=False)
+    assert status == "FAILED" and why.startswith(
+        "1 minibatch(es) failed and reflect.allow_failed_minibatches=false; first error: boom; rerun")
+    for fine in [("done", "failed"), ("reused", "failed", "not_run"), ("skipped", "skipped"), ()]:
+        assert status_of(*fine) == ("FINISHED", ""), fine
+    assert status_of("dry_run", "dry_run", dry_run=True) == ("FINISHED", "")
+    assert status_of("done", "skipped", allow_failed=False) == ("FINISHED", "")
 
 
 # ---------------------------------------------------------------- behaviour 8: the key in error texts
