@@ -33,12 +33,14 @@ class EditStatus:
 class Span:
     start: int
     end: int  # exclusive
+    open: bool = False  # a start marker without its end: the region runs to the end of the text
 
     def overlaps(self, start: int, end: int) -> bool:
         return start < self.end and end > self.start
 
     def strictly_contains(self, pos: int) -> bool:
-        return self.start < pos < self.end
+        """Inside, not at an edge; but the end of an open region is the end of the text, inside it."""
+        return self.start < pos < self.end or (self.open and self.start < pos == self.end)
 
 
 def apply_edits(skill: str, edits: list[dict]) -> tuple[str, list[EditStatus]]:
@@ -123,7 +125,7 @@ def _pair_spans(text: str, start_marker: str, end_marker: str) -> list[Span]:
     while (start := text.find(start_marker, pos)) >= 0:
         close = text.find(end_marker, start + len(start_marker))
         end = len(text) if close < 0 else close + len(end_marker)
-        spans.append(Span(start, end))
+        spans.append(Span(start, end, open=close < 0))
         pos = end
     pos = 0
     while (lone := text.find(end_marker, pos)) >= 0:

@@ -48,10 +48,10 @@ def text_or_file(value: str | None, key: str) -> str | None:
     candidate = value.strip()
     if not candidate or len(candidate.splitlines()) > 1:
         return value
-    path = Path(candidate).expanduser()
     try:
+        path = Path(candidate).expanduser()
         kind = "file" if path.is_file() else "dir" if path.is_dir() else "other" if path.exists() else None
-    except (OSError, ValueError):  # too long for a file name, a NUL byte: not a path
+    except (OSError, ValueError, RuntimeError):  # too long for a file name, a NUL byte, ~user of no user: no file
         kind = None
     if kind == "file":
         return _read_text_file(path, key)

@@ -241,7 +241,9 @@ class OptimizerServer:
 
         self._httpd = _Server(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        # a short poll: shutdown() waits for the serving loop to look, and tests start and stop many servers
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
 
     @property
     def base_url(self) -> str:

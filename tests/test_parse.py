@@ -376,3 +376,20 @@ def test_property_fenced_and_different_bare_object_never_pick_one(p1, fenced, p2
 def test_property_same_object_fenced_and_bare_is_taken(p1, obj, p2, p3):
     text = p1 + json.dumps(obj) + p2 + f"\n```json\n{json.dumps(obj, indent=2)}\n```\n" + p3
     assert extract_object(text) == obj
+
+
+def test_a_fence_inside_a_bare_object_does_not_hide_a_later_fenced_object():
+    # a skill text with a fenced example, its line breaks raw (as models write them)
+    inner = '{"skill": "Example:\n```json\n{\\"a\\": 1}\n```\n"}'
+    assert "\n```json\n" in inner
+    other = {"patch": {"reasoning": "other", "edits": []}}
+    with pytest.raises(ParseError, match="2 different JSON objects"):
+        extract_object(f"{inner}\n\nOr rather:\n```json\n{json.dumps(other)}\n```")
+    # the later object only in its fence (the braces around it make no object of the bare text)
+    with pytest.raises(ParseError, match="2 different JSON objects"):
+        extract_object(f"{inner}\n\nOr rather {{\n```json\n{json.dumps(other)}\n```\n}}")
+
+
+def test_a_number_too_long_for_python_is_named_as_the_cause():
+    with pytest.raises(ParseError, match=r"^the JSON object does not parse: a number has too many digits$"):
+        extract_object('Here: {"count": ' + "7" * 5000 + ",}")

@@ -320,3 +320,12 @@ def test_a_valid_patch_with_notes_keeps_both():
     checked = check(reply("edits", [edit(0), edit(1)], appendix_notes=["n"]), budget=1, notes_allowed=True)
     assert checked.obj["patch"] == {"reasoning": "because", "edits": [edit(0)]}
     assert checked.obj["appendix_notes"] == ["n"] and (checked.proposed, checked.kept) == (2, 1)
+
+
+def test_the_reask_error_is_the_validators_own_sentence():
+    with pytest.raises(ReplyError) as raised:
+        check(reply("edits", [edit(0), {"op": "replace", "content": "x"}]))
+    assert str(raised.value) == "patch.edits[1]: op 'replace' needs a non-empty 'target'"
+    with pytest.raises(ReplyError) as raised:
+        check(reply("edits", [{"op": "rewrite", "content": "x"}]))
+    assert str(raised.value).startswith("patch.edits[0]: op: ")

@@ -261,3 +261,9 @@ def test_text_or_file_non_utf8_file_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match=r"prompts\.error"):
         text_or_file(str(path), "prompts.error")
 
+
+
+@pytest.mark.parametrize("value", ["notes.md", "~draft", "NOTES.TXT", "~no-such-user-here/notes.md"])
+def test_a_missing_file_named_without_a_slash_is_still_a_path(value):
+    with pytest.raises(UserError, match=r"reflect\.meta_skill: no such file"):
+        text_or_file(value, "reflect.meta_skill")

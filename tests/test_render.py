@@ -460,3 +460,24 @@ def test_values_python_cannot_serialise_render_as_a_placeholder():
     assert text_of(10 ** 5000) == "[value not shown: ValueError]"
     block = render_block(1, 1, "r", {"n_turns": 10 ** 5000}, {}, [deep])
     assert "- Steps: [value not shown: ValueError]" in block.splitlines()
+
+
+@pytest.mark.parametrize("length,limit", [(1000, 200), (16001, 16000), (301, 200)])
+def test_shortening_says_exactly_how_many_characters_it_cut(length, limit):
+    from reflact.render import shorten
+
+    text = "".join(chr(ord("a") + i % 26) for i in range(length))
+    out = shorten(text, limit)
+    head, rest = out.split(" … [", 1)
+    count, tail = rest.split(" characters cut] … ", 1)
+    assert text.startswith(head) and text.endswith(tail) and len(out) <= limit
+    assert int(count) == length - len(head) - len(tail) > 0
+
+
+def test_shortening_for_the_window_cuts_the_optional_sections_too():
+    long = "R" * 50 + "x" * 5000 + "S" * 50
+    block = render_block(1, 1, "t-1", {"reference_text": long}, {"reference_text": long}, [{"role": "user",
+                         "content": long}], max_item_chars=500)
+    reference = block.split("#### Hidden Reference\n", 1)[1].split("#### Trajectory", 1)[0]
+    assert "characters cut" in reference and len(reference) < 600 and reference.count("x") < 500
+    assert "characters cut" in block.split("#### Trajectory\n", 1)[1]
