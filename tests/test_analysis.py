@@ -207,6 +207,7 @@ def test_seed_agreement_compares_runs_that_differ_only_in_the_seed():
     assert by_m[8]["seeds"] == 1 and by_m[8]["seed_agreement"] is None
 
 
+@pytest.mark.slow
 def test_ten_thousand_templated_items_that_all_match_cost_no_memory_for_pairs():
     """50 million matching pairs are used chunk by chunk, never held (a run whose items all look alike)."""
     keys = [item_key({"op": "append", "content": f"- rule {i % 3} from run_{i:05d}"}) for i in range(10_000)]

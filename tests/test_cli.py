@@ -455,7 +455,9 @@ def test_unreachable_tracking_server_keeps_local_outputs(tmp_path, server, launc
 # a dataset with no results (SPEC 2: the stage still logs its empty summary)
 
 
-@pytest.mark.parametrize("content", ["", "\n  \n", "[]\n"], ids=["empty", "blank-lines", "empty-array"])
+@pytest.mark.parametrize("content", ["", pytest.param("\n  \n", marks=pytest.mark.slow),
+                                     pytest.param("[]\n", marks=pytest.mark.slow)],
+                         ids=["empty", "blank-lines", "empty-array"])
 def test_empty_results_file_makes_no_call_and_logs_an_empty_summary(tmp_path, server, launch_dir, content):
     data = tmp_path / "data"
     shutil.copytree(PROJECT / "examples" / "demo", data)

@@ -191,6 +191,7 @@ def test_a_run_whose_calls_all_fail_exits_1_and_is_failed(tmp_path, launch_dir):
     assert run.info.status == "FAILED" and run.data.metrics["minibatches_failed"] == 5
 
 
+@pytest.mark.slow
 def test_a_failed_minibatch_fails_the_run_only_when_failures_are_not_allowed(tmp_path, launch_dir):
     data = write_dataset(tmp_path / "data", n_fail=3, n_succ=0)
     uri = f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}"

@@ -425,6 +425,7 @@ def test_a_key_cut_by_the_error_length_limit_leaks_no_part_of_it(tmp_path, serve
 # 4. many concurrent calls with random latency
 
 
+@pytest.mark.slow
 def test_500_minibatches_with_64_workers_and_random_latency(tmp_path, server):
     n_fail = n_succ = 250
     budget = 4
