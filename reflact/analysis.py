@@ -205,11 +205,29 @@ def seed_metrics(by_cell: dict[tuple[str, int, int], float]) -> dict[str, float]
     return metrics
 
 
-def analyse_run_dir(run_dir: RunDir, threshold: float) -> dict:
-    """The figures of a finished run dir, written to its analysis.json."""
-    figures = analyse(load_run(run_dir.root), threshold)
+def analyse_run_dir(run_dir: RunDir, threshold: float, max_items: int | None = None) -> dict:
+    """The figures of a finished run dir, written to its analysis.json; a run of more than
+    `max_items` kept items gets only their number and why the rest was not computed."""
+    run = load_run(run_dir.root)
+    if max_items is not None and len(run.items) > max_items:
+        figures = {"edits": len(run.items), "threshold": threshold,
+                   "skipped": f"{len(run.items)} kept items, over analysis.max_items={max_items}: run "
+                              f"python -m reflact.analyze {run_dir.root} for the figures"}
+    else:
+        figures = analyse(run, threshold)
     run_dir.write_analysis(figures)
     return figures
+
+
+def warm(delay_s: float = 0.3) -> None:
+    """Imports what the analysis needs: on a thread during the calls, once the first requests are
+    out, while the process waits for replies."""
+    import time
+
+    from reflact.matching import warm_imports
+
+    time.sleep(delay_s)
+    warm_imports()
 
 
 def _codes(values: list) -> list[int]:

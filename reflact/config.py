@@ -168,6 +168,9 @@ class AnalysisConfig:
     # two items match when every compared field (lowercased, whitespace collapsed, words sorted)
     # is at least this similar (rapidfuzz's token-sort ratio / 100); see reflact.matching
     match_threshold: float = 0.85
+    # every pair of kept items is compared: the work grows with their square, so a run with more
+    # skips its own analysis (python -m reflact.analyze still makes it, when asked)
+    max_items: int = 20000
 
 
 @dataclass
@@ -255,6 +258,7 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     _check_optimizer_urls(cfg.optimizer)
     _check_mlflow(cfg.mlflow)
     check_threshold(cfg.analysis.match_threshold, "analysis.match_threshold")
+    _at_least(cfg.analysis.max_items, 0, "analysis.max_items")
     _check_optimized_metric(cfg.optimized_metric, cfg.reflect)
     cfg.optimizer.prices = {model: _price(model, value) for model, value in cfg.optimizer.prices.items()}
     o = cfg.optimizer

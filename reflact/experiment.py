@@ -4,12 +4,14 @@ the run's summary and report, and the run's true status."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from reflact.analysis import analyse_run_dir
+from reflact.analysis import warm as analysis_warm
 from reflact.config import ReflactConfig
 from reflact.dataset import load_dataset
 from reflact.errors import Stopped
@@ -78,13 +80,16 @@ def _run(cfg: ReflactConfig, stage: Stage, optimizer, tracker: LiveRun | None, s
     if dataset.skipped:
         log.info("skipping %d run(s) without a usable conversation: %s", len(dataset.skipped),
                  ", ".join(sorted(dataset.skipped)[:10]) + (" ..." if len(dataset.skipped) > 10 else ""))
+    # the analysis at the end imports numpy, scipy and rapidfuzz (~0.25 s): load them while the
+    # process waits for its first replies
+    threading.Thread(target=analysis_warm, daemon=True).start()
     try:
         outcomes = stage.run()
     finally:
         optimizer.close()
     summary = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.system.hashes(), started_at,
                         time.time)
-    analysis = analyse_run_dir(stage.run_dir, cfg.analysis.match_threshold)
+    analysis = analyse_run_dir(stage.run_dir, cfg.analysis.match_threshold, cfg.analysis.max_items)
     status, reason = run_status(summary["counts"], cfg, outcomes, stage.run_dir.root)
     run_id = tracker.finish(summary, status) if tracker is not None else None
     report_end(cfg, summary, stage.mode.label, stage.run_dir)
@@ -119,6 +124,9 @@ def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: RunDir) -
 
 def report_analysis(analysis: dict) -> None:
     """One line of the run's agreement and redundancy (the whole of it is in the run dir)."""
+    if "skipped" in analysis:
+        log.info("analysis: %s", analysis["skipped"])
+        return
     if not analysis["edits"]:
         return
     agreement = analysis.get("agreement")

@@ -12,6 +12,7 @@ already holding the same patches under the same settings leaves that run as it i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -21,12 +22,13 @@ import time
 from dataclasses import dataclass
 
 from reflact.events import CallStarted, MinibatchEnded, Replied
-from reflact.mirror import RunContext
+from reflact.mirror import Mirror, RunContext
 from reflact.tracking import Store, mlflow_globals_at, one_line, tracking_uri
-from reflact.mirror import Mirror
 
 log = logging.getLogger("reflact")
 SAVED: dict = {}  # stands for a saved patch in the queue
+# importing mlflow is seconds of CPU: let the first requests go out before the tracker starts it
+FIRST_REQUESTS_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class LiveRun:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._patches: dict[str, str] = {}  # tag -> the patch's fingerprint, or the minibatch's status
+        self._broken: Mirror | None = None  # the run whose writing failed
 
     def __call__(self, event) -> None:
         if isinstance(event, MinibatchEnded):
@@ -90,6 +93,7 @@ class LiveRun:
     def _work(self) -> None:
         """The tracker thread: open the run, then write what the events say until the end."""
         writer = None
+        time.sleep(FIRST_REQUESTS_S)
         with mlflow_globals_at(self.uri):
             while True:
                 events = _drain(self._queue)
@@ -110,6 +114,7 @@ class LiveRun:
             return writer
         except Exception as exc:  # noqa: BLE001 - tracking must never cost the run
             self._warn(exc)
+            self._broken = writer
             return False
 
     def _open(self) -> Mirror:
@@ -121,7 +126,10 @@ class LiveRun:
         return writer
 
     def _end(self, writer: Mirror | None, end: _End) -> None:
-        if writer is False:
+        if writer is False:  # the run, if opened, still gets its true end when the store allows it
+            if self._broken is not None:
+                with contextlib.suppress(Exception):
+                    self._broken.store.end(end.status, int(time.time() * 1000))
             return
         try:
             writer = writer or self._open()

@@ -147,3 +147,11 @@ def _block_chunks(keys: list[Key], threshold: float):
         row, col = np.nonzero(found)
         later = col > row  # the window starts at the chunk's first row: each pair once
         yield order[start + row[later]], order[start + col[later]]
+
+
+def warm_imports() -> None:
+    """Imports the libraries matching uses, ahead of time (they are imported where used)."""
+    import importlib
+
+    for name in ("numpy", "rapidfuzz.process", "scipy.sparse.csgraph"):
+        importlib.import_module(name)

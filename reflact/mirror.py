@@ -193,6 +193,8 @@ def _now_ms() -> int:
 
 
 def _flush_traces() -> None:
+    """Traces are written on the tracker's thread (reflact turns MLflow's async trace logging off);
+    a user who turned it back on gets them flushed before the run ends."""
     import mlflow
 
     flush = getattr(mlflow, "flush_trace_async_logging", None)
