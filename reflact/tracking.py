@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -213,7 +214,17 @@ class Store:
 
         dataset = Dataset(name=name, digest=digest, source_type="local", source=json.dumps({"uri": source}),
                           profile=json.dumps(profile))
-        self.client.log_inputs(self.run_id, [DatasetInput(dataset, [InputTag("mlflow.data.context", "reflect")])])
+        inputs = [DatasetInput(dataset, [InputTag("mlflow.data.context", "reflect")])]
+        # Jobs of a sweep log the same dataset at once: the store's insert of the loser of that race
+        # fails on the unique key and is rolled back; asked again, the store finds the winner's row.
+        for attempt in range(3):
+            try:
+                self.client.log_inputs(self.run_id, inputs)
+                return
+            except Exception:  # noqa: BLE001
+                if attempt == 2:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
 
     def link_prompt(self, name: str, text: str, template_hash: str) -> None:
         """Registers `text` under `name` unless its latest version holds it already; links it to the run.
@@ -304,9 +315,14 @@ def experiment_id(client, name: str, uri: str, launch_dir: Path) -> str:
         return found.experiment_id
     # a local sqlite store keeps its artifacts beside it under outputs/, not in ./mlruns
     location = (launch_dir / "outputs" / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") else None
-    # the UI then opens on its runs table (model development), not on its GenAI views
-    return client.create_experiment(name, artifact_location=location,
-                                    tags={"mlflow.experimentKind": "custom_model_development"})
+    try:  # the UI then opens on its runs table (model development), not on its GenAI views
+        return client.create_experiment(name, artifact_location=location,
+                                        tags={"mlflow.experimentKind": "custom_model_development"})
+    except Exception:  # created meanwhile by a parallel job of the same sweep: use that one
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
 
 
 def _local_dir(artifact_uri: str) -> Path | None:

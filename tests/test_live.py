@@ -383,6 +383,35 @@ def test_the_dataset_is_an_input_with_its_digest_and_counts(shown):
     assert again.inputs.dataset_inputs[0].dataset.digest == dataset.dataset.digest
 
 
+def test_jobs_logging_the_same_dataset_at_once_all_get_it(tmp_path):
+    """Parallel jobs of a sweep (joblib) log one dataset at the same moment: the store's unique key
+    refuses all but one insert, and the others must find that row instead of failing."""
+    from reflact.tracking import Store
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    stores = [Store(uri, EXPERIMENT, tmp_path) for _ in range(8)]
+    for number, store in enumerate(stores):
+        store.create(f"job {number}", {}, 0)
+    barrier, failures = threading.Barrier(len(stores)), []
+
+    def log(store: Store) -> None:
+        barrier.wait()
+        try:
+            store.log_dataset("data", "0123456789abcdef", "file:///data", {"results": 1})
+        except Exception as exc:  # noqa: BLE001 - collected for the assertion
+            failures.append(exc)
+
+    threads = [threading.Thread(target=log, args=(store,)) for store in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    for store in stores:
+        [dataset] = store.client.get_run(store.run_id).inputs.dataset_inputs
+        assert dataset.dataset.digest == "0123456789abcdef"
+
+
 def test_templates_are_registered_once_and_linked_to_each_run(shown):
     client = client_for(shown["uri"])
     linked = json.loads(one_run(shown["uri"], shown["root"] / "split").data.tags["mlflow.linkedPrompts"])
