@@ -12,6 +12,7 @@ in a launch dir of its own.
                            experiment and prompts present), its artifact location moved to the new
                            launch dir: a user's second run
      reflact, fresh store  no mlflow.db yet (its schema migrations run during the calls)
+     reflact, warm, untraced  the warm store with mlflow.trace_calls=false
      reflact, mlflow off   mlflow.enabled=false
      reference             skillopt 0.2.0's run_minibatch_reflect (bench/_ref_driver.py)
    Median and range of the whole-process time; ratios to the reference (target for the warm store
@@ -52,6 +53,7 @@ from _common import (  # noqa: E402
 from reference import REF_VERSION, ensure_ref_venv, run_reference, same_minibatches  # noqa: E402
 
 WARM, FRESH, OFF, REF = "reflact, warm store", "reflact, fresh store", "reflact, mlflow off", "reference"
+UNTRACED = "reflact, warm, untraced"
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 
 
@@ -145,8 +147,8 @@ def run_ref(python: Path, data: Path, server: Server, work: Path, name: str, arg
 def one_repeat(i: int, data: Path, server: Server, work: Path, store: Path, python: Path | None, args) -> dict:
     """Part 1's variants in a rotated order, then part 3's reruns of what they left."""
     launches = {WARM: new_launch(work, f"warm{i}", store), FRESH: new_launch(work, f"fresh{i}"),
-                OFF: new_launch(work, f"off{i}")}
-    variants = [WARM, FRESH, OFF] + ([REF] if python else [])
+                UNTRACED: new_launch(work, f"untraced{i}", store), OFF: new_launch(work, f"off{i}")}
+    variants = [WARM, FRESH, UNTRACED, OFF] + ([REF] if python else [])
     variants = variants[i % len(variants):] + variants[:i % len(variants)]
     got: dict = {}
     for name in variants:
@@ -154,7 +156,8 @@ def one_repeat(i: int, data: Path, server: Server, work: Path, store: Path, pyth
             got[name] = run_ref(python, data, server, work, f"r{i}", args)
         else:
             got[name] = run_measured(data, server, launches[name], launches[name] / "runs" / "r", args.latency, args,
-                                     mlflow=name != OFF)
+                                     mlflow=name != OFF,
+                                     extra=("mlflow.trace_calls=false",) if name == UNTRACED else ())
     for name in (WARM, OFF):
         got[f"rerun {name}"] = run_measured(data, server, launches[name], launches[name] / "runs" / "r",
                                             args.latency, args, mlflow=name != OFF)
@@ -172,7 +175,7 @@ def one_repeat(i: int, data: Path, server: Server, work: Path, store: Path, pyth
 def print_part1(repeats: list[dict], args) -> None:
     print(f"\n1. whole process, latency {args.latency} s, {args.runs} runs (median and range of {len(repeats)})")
     print(f"  {'':22s} {'calls':>5}  {'process':32s} {'CPU':>7} {'peak RSS':>8}  MLflow run")
-    for name in (WARM, FRESH, OFF, REF):
+    for name in (WARM, FRESH, UNTRACED, OFF, REF):
         if name not in repeats[0]:
             continue
         runs = [r[name] for r in repeats]
@@ -183,7 +186,7 @@ def print_part1(repeats: list[dict], args) -> None:
     if REF in repeats[0]:
         ref = statistics.median(r[REF]["proc"].wall_s for r in repeats)
         print("  ratios to the reference (medians):")
-        for name in (WARM, FRESH, OFF):
+        for name in (WARM, FRESH, UNTRACED, OFF):
             ratio = statistics.median(r[name]["proc"].wall_s for r in repeats) / ref
             verdict = f"   target <= 1.10: {'ok' if ratio <= 1.10 else 'ABOVE TARGET'}" if name == WARM else ""
             print(f"    {name:22s} {ratio:.3f}{verdict}")
@@ -192,7 +195,7 @@ def print_part1(repeats: list[dict], args) -> None:
 def print_part2(repeats: list[dict]) -> None:
     print("\n2. from the last reply to the process's exit (medians; run.log's split: to the last minibatch line /"
           " to 'done:' / to the exit)")
-    for name in (WARM, FRESH, OFF, REF):
+    for name in (WARM, FRESH, UNTRACED, OFF, REF):
         tails = [r[name]["tail"] for r in repeats if name in r and r[name]["tail"]]
         if not tails:
             continue
