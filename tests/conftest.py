@@ -69,6 +69,17 @@ def write_dataset(root: Path, n_fail: int, n_succ: int, seed: int = 0, missing: 
     (root / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return root
 
+def long_dataset(root: Path, n_fail: int, obs_chars: int) -> Path:
+    """Failures only, each with an observation of `obs_chars` characters between HEAD and TAIL
+    (about obs_chars / 4 tokens a trajectory): for the context-window rules."""
+    data = write_dataset(root, n_fail=n_fail, n_succ=0)
+    for conv in (data / "predictions").glob("*/conversation.json"):
+        items = json.loads(conv.read_text())
+        items[1]["obs"] = "HEAD " + "x" * obs_chars + " TAIL"
+        conv.write_text(json.dumps(items))
+    return data
+
+
 
 def make_config(*overrides: str) -> reflact_config.ReflactConfig:
     """The typed, validated config Hydra composes from conf/ with these overrides."""

@@ -25,7 +25,7 @@ from reflact.plan import Minibatch, plan_minibatches
 from reflact.rundir import RunDir, fingerprint
 from reflact.stage import Stage
 from reflact.summary import counts, run_status
-from tests.conftest import SKILL, make_config, write_dataset
+from tests.conftest import SKILL, long_dataset, make_config, write_dataset
 from tests.optimizer_server import Response, chat_body, default_reply
 
 OFFLINE = "optimizer.base_url=http://127.0.0.1:9"  # never called: the plan and prompts only
@@ -316,15 +316,6 @@ def test_the_other_modes_allowance_does_not_count_against_the_window(tmp_path):
 
 
 # ---------------------------------------------------------------- behaviour 7.1: a redo starts clean
-
-
-def long_dataset(root: Path, n_fail: int, obs_chars: int) -> Path:
-    data = write_dataset(root, n_fail=n_fail, n_succ=0)
-    for conv in (data / "predictions").glob("*/conversation.json"):
-        items = json.loads(conv.read_text())
-        items[1]["obs"] = "HEAD " + "x" * obs_chars + " TAIL"
-        conv.write_text(json.dumps(items))
-    return data
 
 
 def test_a_redo_removes_the_earlier_replies_parts_and_patch(tmp_path, server):

@@ -9,7 +9,7 @@ from reflact.dataset import load_dataset
 from reflact.experiment import Launch, run_experiment
 from reflact.stage import Stage
 from reflact.rundir import RunDir
-from tests.conftest import make_config, write_dataset
+from tests.conftest import long_dataset, make_config, write_dataset
 from tests.optimizer_server import Response, chat_body
 
 
@@ -19,17 +19,8 @@ def stage_for(tmp_path, server, data, *overrides):
     return Stage(cfg, load_dataset(cfg.data), make_client(cfg.optimizer, tmp_path, environ={}), tmp_path / "run")
 
 
-def long_dataset(tmp_path, n_fail, obs_chars):
-    data = write_dataset(tmp_path / "d", n_fail=n_fail, n_succ=0)
-    for conv in (data / "predictions").glob("*/conversation.json"):
-        items = json.loads(conv.read_text())
-        items[1]["obs"] = "HEAD " + "x" * obs_chars + " TAIL"
-        conv.write_text(json.dumps(items))
-    return data
-
-
 def test_a_minibatch_too_large_for_the_window_is_split_and_merged(tmp_path, server):
-    data = long_dataset(tmp_path, n_fail=4, obs_chars=8000)  # ~2,000 tokens per trajectory
+    data = long_dataset(tmp_path / "d", n_fail=4, obs_chars=8000)  # ~2,000 tokens per trajectory
     stage = stage_for(tmp_path, server, data, "optimizer.context_window=8000", "optimizer.max_output_tokens=1000",
                       "reflect.edit_budget=3")
     [outcome] = stage.run()
@@ -44,7 +35,7 @@ def test_a_minibatch_too_large_for_the_window_is_split_and_merged(tmp_path, serv
 
 
 def test_shorten_keeps_one_call_and_cuts_long_items_in_the_middle(tmp_path, server):
-    data = long_dataset(tmp_path, n_fail=4, obs_chars=8000)
+    data = long_dataset(tmp_path / "d", n_fail=4, obs_chars=8000)
     stage = stage_for(tmp_path, server, data, "optimizer.context_window=8000", "optimizer.max_output_tokens=1000",
                       "optimizer.context_overflow=shorten")
     [outcome] = stage.run()
@@ -54,7 +45,7 @@ def test_shorten_keeps_one_call_and_cuts_long_items_in_the_middle(tmp_path, serv
 
 
 def test_prompts_that_fit_are_untouched(tmp_path, server):
-    data = long_dataset(tmp_path, n_fail=4, obs_chars=100)
+    data = long_dataset(tmp_path / "d", n_fail=4, obs_chars=100)
     [outcome] = stage_for(tmp_path, server, data, "optimizer.context_window=400000").run()
     assert server.count == 1 and outcome.parts == 1 and not outcome.shortened
     assert "characters cut" not in server.requests[0]["messages"][1]["content"]
