@@ -27,12 +27,13 @@ from pathlib import Path
 from reflact.config import AnalysisConfig
 from reflact.errors import UserError
 from reflact.matching import SCORER, Key, item_key, match
+from reflact.outcome import WITH_PATCH
 from reflact.plan import Minibatch, parse_tag
 from reflact.rundir import KEPT_ITEMS, SUMMARY, RunDir
 from reflact.tracking import SHORT_MODE
 
 log = logging.getLogger("reflact")
-WITH_PATCH = ("done", "reused")
+WARM_AFTER_S = 0.3  # the first requests go out before the analysis's imports compete for the GIL
 
 
 @dataclass(frozen=True)
@@ -219,14 +220,14 @@ def analyse_run_dir(run_dir: RunDir, threshold: float, max_items: int | None = N
     return figures
 
 
-def warm(delay_s: float = 0.3) -> None:
+def warm() -> None:
     """Imports what the analysis needs: on a thread during the calls, once the first requests are
     out, while the process waits for replies."""
     import time
 
     from reflact.matching import warm_imports
 
-    time.sleep(delay_s)
+    time.sleep(WARM_AFTER_S)
     warm_imports()
 
 

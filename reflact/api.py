@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from reflact.config import ReflactConfig
+from reflact.outcome import WITH_PATCH
 
 log = logging.getLogger("reflact")
 
@@ -64,7 +65,7 @@ def reflect(
     Raises reflact.errors.UserError for a mistake in the settings or inputs (nothing is called),
     reflact.errors.Stopped on Ctrl-C (nothing new is called, what was made is kept).
     """
-    from reflact.config import from_hydra, params as config_params
+    from reflact.config import from_hydra
 
     launch = Path(launch_dir or Path.cwd()).resolve()
     cfg = compose(overrides) if config is None else with_overrides(config, overrides)
@@ -73,9 +74,9 @@ def reflect(
         write_inputs(cfg, folder / "inputs", results, skill, conversations, predictions)
     elif data is not None:
         cfg.data.dir = str(Path(data).resolve())
-    cfg, _ = from_hydra(_structured(cfg))
+    cfg, params = from_hydra(_structured(cfg))
     with _logging_shown():
-        return run(cfg, config_params(cfg), folder, launch)
+        return run(cfg, params, folder, launch)
 
 
 def run(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch) -> Reflection:
@@ -88,7 +89,7 @@ def run(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch) -> Re
         launch = Launch(Path(launch), record_config=lambda: _record_config(cfg, run_dir))
     result = run_experiment(cfg, params, run_dir, launch)
     rd = RunDir(run_dir)
-    saved = {mb["tag"]: rd.patch(mb["tag"]) for mb in result.summary["minibatches"] if mb["status"] in ("done", "reused")}
+    saved = {mb["tag"]: rd.patch(mb["tag"]) for mb in result.summary["minibatches"] if mb["status"] in WITH_PATCH}
     patches = {tag: patch for tag, patch in saved.items() if patch is not None}
     return Reflection(patches, result.summary, result.status, result.reason, Path(run_dir), result.mlflow_run_id,
                       result.analysis)

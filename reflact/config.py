@@ -270,9 +270,11 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
 
 
 def _check_optimized_metric(name: str | None, reflect: ReflectConfig) -> None:
+    if name is None:
+        return
     from reflact.summary import APPLY_METRICS, PROVENANCE_METRICS, RUN_METRICS
 
-    if name is not None and name not in RUN_METRICS:
+    if name not in RUN_METRICS:
         raise UserError(f"optimized_metric: unknown run metric {name!r} (known: {', '.join(RUN_METRICS)})")
     if name in APPLY_METRICS and reflect.update_mode != "patch":
         raise UserError(f"optimized_metric: {name} is counted in patch mode only, not in {reflect.update_mode}")

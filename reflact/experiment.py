@@ -81,8 +81,9 @@ def _run(cfg: ReflactConfig, stage: Stage, optimizer, tracker: LiveRun | None, s
         log.info("skipping %d run(s) without a usable conversation: %s", len(dataset.skipped),
                  ", ".join(sorted(dataset.skipped)[:10]) + (" ..." if len(dataset.skipped) > 10 else ""))
     # the analysis at the end imports numpy, scipy and rapidfuzz (~0.25 s): load them while the
-    # process waits for its first replies
-    threading.Thread(target=analysis_warm, daemon=True).start()
+    # process waits for its first replies (a dry run keeps no items to analyse)
+    if not cfg.optimizer.dry_run and cfg.analysis.max_items:
+        threading.Thread(target=analysis_warm, daemon=True).start()
     try:
         outcomes = stage.run()
     finally:

@@ -29,6 +29,7 @@ log = logging.getLogger("reflact")
 SAVED: dict = {}  # stands for a saved patch in the queue
 # importing mlflow is seconds of CPU: let the first requests go out before the tracker starts it
 FIRST_REQUESTS_S = 0.2
+BATCH_S = 0.5  # events written together: one metrics request per batch, not per minibatch
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class LiveRun:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._patches: dict[str, str] = {}  # tag -> the patch's fingerprint, or the minibatch's status
-        self._broken: Mirror | None = None  # the run whose writing failed
+        self._mirror: Mirror | None = None  # set before its run is created: a failed open still ends it
 
     def __call__(self, event) -> None:
         if isinstance(event, MinibatchEnded):
@@ -61,7 +62,7 @@ class LiveRun:
             return  # its messages are only needed for a trace
         self._queue.put(event)
         if isinstance(event, CallStarted) and self._thread is None:
-            self._start()
+            self._start(FIRST_REQUESTS_S)
 
     def finish(self, summary: dict | None, status: str) -> str | None:
         """Logs what is left, ends the run with `status` and its real end time."""
@@ -70,7 +71,7 @@ class LiveRun:
         if self._thread is None and status == "FINISHED" and self._up_to_date(record):
             log.info("MLflow run %s already holds this run's patches; left as it is", record["run_id"])
             return record["run_id"]
-        self._start()
+        self._start(0.0)
         self._queue.put(_End(summary, status))
         self._thread.join()
         return self.run_id
@@ -84,16 +85,17 @@ class LiveRun:
         return (record.get("tracking_uri") == self.uri and record.get("status") == "FINISHED"
                 and record.get("digest") == self.digest())
 
-    def _start(self) -> None:
+    def _start(self, delay_s: float) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name="reflact-mlflow", daemon=True)
+                self._thread = threading.Thread(target=self._work, args=(delay_s,), name="reflact-mlflow",
+                                                daemon=True)
                 self._thread.start()
 
-    def _work(self) -> None:
+    def _work(self, delay_s: float) -> None:
         """The tracker thread: open the run, then write what the events say until the end."""
         writer = None
-        time.sleep(FIRST_REQUESTS_S)
+        time.sleep(delay_s)
         with mlflow_globals_at(self.uri):
             while True:
                 events = _drain(self._queue)
@@ -114,22 +116,21 @@ class LiveRun:
             return writer
         except Exception as exc:  # noqa: BLE001 - tracking must never cost the run
             self._warn(exc)
-            self._broken = writer
             return False
 
     def _open(self) -> Mirror:
         c = self.context
         store = Store(self.uri, c.cfg.mlflow.experiment, c.launch_dir)
-        writer = Mirror(store, c)
+        writer = self._mirror = Mirror(store, c)
         self.run_id = writer.open()
         c.run_dir.write_mlflow_record({"run_id": self.run_id, "tracking_uri": self.uri, "status": "RUNNING"})
         return writer
 
     def _end(self, writer: Mirror | None, end: _End) -> None:
-        if writer is False:  # the run, if opened, still gets its true end when the store allows it
-            if self._broken is not None:
+        if writer is False:  # the run, if created, still gets its true end when the store allows it
+            if self._mirror is not None and self._mirror.store.run_id:
                 with contextlib.suppress(Exception):
-                    self._broken.store.end(end.status, int(time.time() * 1000))
+                    self._mirror.store.end(end.status, int(time.time() * 1000))
             return
         try:
             writer = writer or self._open()
@@ -145,11 +146,11 @@ class LiveRun:
                     "them later with: python -m reflact.relog %s", self.uri, one_line(exc), run_dir, run_dir)
 
 
-def _drain(events: queue.SimpleQueue, wait_s: float = 0.5) -> list:
-    """What is queued: at least one event (waiting for it), then whatever else came meanwhile."""
+def _drain(events: queue.SimpleQueue) -> list:
+    """What is queued: at least one event (waiting for it), then what else comes within BATCH_S."""
     batch = [events.get()]
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and not any(isinstance(e, _End) for e in batch[-1:]):
+    deadline = time.monotonic() + BATCH_S
+    while time.monotonic() < deadline and not isinstance(batch[-1], _End):
         try:
             batch.append(events.get(timeout=max(deadline - time.monotonic(), 0)))
         except queue.Empty:

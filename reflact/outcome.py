@@ -10,6 +10,7 @@ from reflact.optimizer import Usage
 # done: a new patch; reused: a matching saved patch; failed: no usable reply; skipped: nothing to
 # show; not_run: the cost limit was reached first; dry_run: estimated, not called
 STATUSES = ("done", "reused", "failed", "skipped", "not_run", "dry_run")
+WITH_PATCH = ("done", "reused")  # the statuses whose minibatch has a saved patch
 
 
 @dataclass

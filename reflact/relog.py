@@ -57,11 +57,11 @@ def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: di
 
     from reflact import config
     from reflact.mirror import RunContext
-    from reflact.tracking import default_tracking_uri
+    from reflact.tracking import tracking_uri as default_uri
 
     config.register()
     cfg, params = config.from_hydra(OmegaConf.load(rd / HYDRA / "config.yaml"))
-    cfg.mlflow.tracking_uri = tracking_uri or cfg.mlflow.tracking_uri or default_tracking_uri(launch_dir)
+    cfg.mlflow.tracking_uri = tracking_uri or default_uri(cfg, launch_dir)
     hydra_yaml = rd / HYDRA / "hydra.yaml"
     hc = OmegaConf.load(hydra_yaml).hydra if hydra_yaml.is_file() else None
     multirun = hc is not None and str(hc.mode) == "MULTIRUN"

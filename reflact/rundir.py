@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import math
 import os
@@ -37,6 +36,7 @@ from reflact.errors import UserError
 from reflact.files import atomic_writer, read_json, write_json, write_text
 from reflact.modes import MODES
 from reflact.optimizer import Usage
+from reflact.cache import cache_key
 from reflact.outcome import Outcome
 
 SUMMARY = "summary.json"
@@ -289,7 +289,7 @@ def fingerprint(cfg: ReflactConfig, messages: list[dict], draw: int = 0) -> str:
     }
     if o.samples > 1:  # only then is a seed sent: a single draw's fingerprint stays what it was
         shape["seed"] = o.sample + draw
-    return hashlib.sha256(json.dumps(shape, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+    return cache_key(shape)
 
 
 class SweepDir:

@@ -13,14 +13,13 @@ from reflact.config import ReflactConfig
 from reflact.dataset import Dataset
 from reflact.modes import Mode
 from reflact.optimizer import Usage
-from reflact.outcome import STATUSES, Outcome
+from reflact.outcome import STATUSES, WITH_PATCH, Outcome
 from reflact.plan import split
 from reflact.preview import Preview, run_apply_counts, write_preview
 from reflact.provenance import SupportTally
 from reflact.run_report import minibatch_section, write_run_report
 from reflact.rundir import RunDir
 
-WITH_PATCH = ("done", "reused")
 # every run count in summary.json and MLflow; the apply counts in patch mode only
 APPLY_METRICS = ("edits_applied", "edits_fallback", "edits_skipped", "apply_share")
 PROVENANCE_METRICS = ("edits_supported", "support_share", "trajectories_unused")  # with reflect.provenance

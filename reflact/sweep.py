@@ -74,7 +74,7 @@ class MlflowSweep(Callback):
                 log.warning("could not end the sweep's MLflow parent run %s: %s", store.run_id, exc)
 
     def _end(self, status: str) -> None:
-        store, sweep = self._open
+        store, _ = self._open
         self._open = None
         store.end(status, _now_ms())
 

@@ -158,7 +158,7 @@ class Store:
         self.run_id = ""
         self._artifact_dir: Path | None = None
 
-    def retire(self, run_dir: Path) -> int:
+    def retire(self, run_dir: Path) -> None:
         """Ends and deletes every active run logged for `run_dir` before (a rerun replaces its run,
         whatever moment the earlier process died at): one run dir, one active MLflow run."""
         runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`reflact.run_dir` = "
@@ -167,7 +167,6 @@ class Store:
             if run.info.status == "RUNNING":
                 self.client.set_terminated(run.info.run_id, "KILLED")
             self.client.delete_run(run.info.run_id)
-        return len(runs)
 
     def create(self, name: str, tags: dict[str, str], start_ms: int) -> str:
         run = self.client.create_run(self.experiment_id, start_time=start_ms, tags=tags, run_name=name)
@@ -269,10 +268,6 @@ class Store:
                            "structured_output": reply.structured, "cost_usd": event.cost_usd})
         self.client.end_trace(span.trace_id, outputs={"reply": reply.text}, attributes=attributes,
                               end_time_ns=int((started + reply.latency_s) * 1e9))
-
-    def set_tags(self, tags: dict[str, str]) -> None:
-        for key, value in tags.items():
-            self.client.set_tag(self.run_id, key, value)
 
     def end(self, status: str, end_ms: int) -> None:
         self.client.set_terminated(self.run_id, status, end_time=end_ms)
