@@ -22,6 +22,7 @@ from pathlib import Path
 from reflact.analysis import Run, analyse, load_run, seed_agreement, seed_by_cell, seed_metrics
 from reflact.config import AnalysisConfig, check_threshold
 from reflact.errors import UserError, exits_on_user_error
+from reflact.imports import one_at_a_time
 from reflact.rundir import RunDir, SweepDir
 
 log = logging.getLogger("reflact")
@@ -117,10 +118,12 @@ def _short(path: str, limit: int = 48) -> str:
 
 def picture(result: dict, path: Path) -> Path:
     """Per cell: the mean redundancy and agreement of its runs, and its seed agreement, as bars."""
-    import matplotlib
+    with one_at_a_time():
+        import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    with one_at_a_time():
+        import matplotlib.pyplot as plt
 
     cells = result["cells"]
     names = [f"{c['mode']} M{c['M']} L{c['L']}" + (f" k{c['k']}" if c["k"] != 1 else "") for c in cells]
@@ -159,7 +162,8 @@ def log_to_parents(sweeps: list[SweepDir], metrics: dict[str, float], paths: lis
     from reflact.tracking import mlflow_defaults, one_line
 
     mlflow_defaults()
-    from mlflow.tracking import MlflowClient
+    with one_at_a_time():
+        from mlflow.tracking import MlflowClient
 
     ok = True
     for sweep in sweeps:

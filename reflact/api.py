@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from reflact.config import ReflactConfig
+from reflact.imports import one_at_a_time
 from reflact.outcome import WITH_PATCH
 
 log = logging.getLogger("reflact")
@@ -98,8 +99,9 @@ def run(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch) -> Re
 def compose(overrides: Sequence[str] = ()) -> ReflactConfig:
     """The typed config the command line would use with these overrides (`+exp=demo`, `optimizer=...`,
     `reflect.minibatch_size=4`...), composed with Hydra's compose API and then forgotten."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    with one_at_a_time():
+        from hydra import compose as hydra_compose
+        from hydra import initialize_config_dir
 
     from reflact import config
     from reflact.shipped import conf_dir
@@ -112,7 +114,8 @@ def compose(overrides: Sequence[str] = ()) -> ReflactConfig:
 
 def with_overrides(cfg: ReflactConfig, overrides: Sequence[str]) -> ReflactConfig:
     """A copy of `cfg` with plain `key=value` overrides applied (config groups need `compose`)."""
-    from omegaconf import OmegaConf
+    with one_at_a_time():
+        from omegaconf import OmegaConf
 
     from reflact.errors import UserError
 
@@ -155,7 +158,8 @@ def new_run_dir(launch: Path) -> Path:
 
 def _record_config(cfg: ReflactConfig, run_dir: Path) -> None:
     """The settings beside the outputs, as the command line keeps them (relog reads them)."""
-    from omegaconf import OmegaConf
+    with one_at_a_time():
+        from omegaconf import OmegaConf
 
     from reflact.rundir import RunDir
 
@@ -163,7 +167,8 @@ def _record_config(cfg: ReflactConfig, run_dir: Path) -> None:
 
 
 def _structured(cfg: ReflactConfig):
-    from omegaconf import OmegaConf
+    with one_at_a_time():
+        from omegaconf import OmegaConf
 
     return OmegaConf.structured(cfg)
 
@@ -172,7 +177,8 @@ def _structured(cfg: ReflactConfig):
 def _own_hydra():
     """Hydra's compose API needs its global state free: set aside an outer app's (a Hydra job
     calling reflect) while composing, and give it back."""
-    from hydra.core.global_hydra import GlobalHydra
+    with one_at_a_time():
+        from hydra.core.global_hydra import GlobalHydra
 
     saved = GlobalHydra.instance().hydra
     GlobalHydra.instance().hydra = None

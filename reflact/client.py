@@ -21,6 +21,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+# the SDK is slow to import: this module is imported only when a real client is made (--help needs none)
+import anyio
+import openai
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -34,6 +37,7 @@ from reflact.cache import ResponseCache, cache_key
 from reflact.completion import Completion, MalformedReply, read_completion
 from reflact.config import CacheMode, OptimizerConfig, Provider, StructuredOutput
 from reflact.errors import UserError
+from reflact.imports import resolve_lazy
 from reflact.optimizer import CallError, Reply, Usage, estimate_tokens
 from reflact.ratelimit import RateLimiter
 
@@ -86,6 +90,7 @@ def http_loop() -> asyncio.AbstractEventLoop:
     with _loop_lock:
         if _loop is None or _loop[0] != os.getpid():
             loop = asyncio.new_event_loop()
+            resolve_lazy(anyio)  # the SDK's transport loads anyio's parts as it first uses them
             threading.Thread(target=loop.run_forever, name="reflact-http", daemon=True).start()
             _loop = (os.getpid(), loop)
         return _loop[1]
@@ -238,8 +243,6 @@ class OptimizerClient:
     def _send(self, logical: dict, schema: dict | None, tokens: int, sent: list[int]) -> tuple:
         """One attempt: (completion, monotonic and wall start, response format sent). With
         structured_output=auto, a 400 to the JSON schema is asked again without it, here."""
-        import openai
-
         structured, response_format = self._response_format(schema)
         # as extra_body: the SDK's typed transform of a nested schema costs ~1.5 ms a call
         request = {**logical, "extra_body": {"response_format": response_format}} if response_format else logical
@@ -287,8 +290,6 @@ def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: dict | None = N
             f"no optimizer key: set the environment variable {cfg.api_key_env} "
             "(or optimizer.base_url for a local OpenAI-compatible server)"
         )
-    import openai  # imported here: the SDK is slow to import and --help needs none of it
-
     # local servers usually ignore the key, but the SDK insists on one
     common = {"api_key": key or "not-needed", "timeout": cfg.timeout_s, "max_retries": 0}
     if cfg.provider is Provider.azure:
@@ -306,8 +307,6 @@ def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: dict | None = N
 
 
 def is_transient(exc: BaseException) -> bool:
-    import openai
-
     # a 200 whose body is not a completion is a proxy's page or a torn response: worth another try
     if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, openai.APIResponseValidationError,
                         TimeoutError, MalformedReply)):
@@ -366,8 +365,6 @@ def seconds_until(http_date: str) -> float | None:
 
 def describe_error(exc: BaseException, secret: str = "") -> str:
     """One line about a failed call, with the key redacted before anything is cut."""
-    import openai
-
     if isinstance(exc, Abandoned):
         text = ABANDONED
     elif isinstance(exc, MalformedReply):

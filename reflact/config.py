@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from reflact.errors import UserError
+from reflact.imports import one_at_a_time
 from reflact.modes import get_mode, normalize_mode
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -188,8 +189,9 @@ class ReflactConfig:
 def register() -> None:
     """Make the schema available to conf/config.yaml's defaults list, and `${shipped:demo}`
     to configs that name files shipped with reflact (the demo dataset), wherever it is installed."""
-    from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
+    with one_at_a_time():
+        from hydra.core.config_store import ConfigStore
+        from omegaconf import OmegaConf
 
     from reflact.shipped import shipped_dir
 
@@ -207,7 +209,8 @@ def from_hydra(dict_cfg) -> tuple[ReflactConfig, dict[str, str]]:
 
 def typed(dict_cfg) -> ReflactConfig:
     """The schema's dataclasses from a composed config, not yet checked (see validate)."""
-    from omegaconf import OmegaConf
+    with one_at_a_time():
+        from omegaconf import OmegaConf
 
     # merging into the schema also rejects keys added with `+`, which Hydra lets through
     merged = OmegaConf.merge(OmegaConf.structured(ReflactConfig), OmegaConf.to_container(dict_cfg))
@@ -217,7 +220,8 @@ def typed(dict_cfg) -> ReflactConfig:
 def params(cfg: ReflactConfig) -> dict[str, str]:
     """The settings as `section.key` strings: what was set, leaving out empty ones, the Azure block
     unless in use and prices of other models (no secrets: keys are never in the config)."""
-    from omegaconf import OmegaConf
+    with one_at_a_time():
+        from omegaconf import OmegaConf
 
     tree = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
     if cfg.optimizer.provider is not Provider.azure:

@@ -10,6 +10,8 @@ import functools
 import sys
 from typing import Callable, TypeVar
 
+from reflact.imports import one_at_a_time
+
 T = TypeVar("T")
 
 
@@ -43,8 +45,9 @@ def raise_stopped_on_sigterm() -> None:
 
 def user_error_message(exc: BaseException) -> str | None:
     """One line for a user mistake (ours, or Hydra's and OmegaConf's about the config); None for a bug."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+    with one_at_a_time():
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
 
     if isinstance(exc, UserError):
         return " ".join(str(exc).splitlines())

@@ -83,7 +83,7 @@ def _run(cfg: ReflactConfig, stage: Stage, optimizer, tracker: LiveRun | None, s
     # the analysis at the end imports numpy, scipy and rapidfuzz (~0.25 s): load them while the
     # process waits for its first replies (a dry run keeps no items to analyse)
     if not cfg.optimizer.dry_run and cfg.analysis.max_items:
-        threading.Thread(target=analysis_warm, daemon=True).start()
+        threading.Thread(target=analysis_warm, name="reflact-warm", daemon=True).start()
     try:
         outcomes = stage.run()
     finally:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 
 from reflact.events import CallStarted, MinibatchEnded, Replied
+from reflact.imports import one_at_a_time
 from reflact.mirror import Mirror, RunContext
 from reflact.tracking import Store, mlflow_globals_at, one_line, tracking_uri
 
@@ -100,10 +101,11 @@ class LiveRun:
             while True:
                 events = _drain(self._queue)
                 end = next((e for e in events if isinstance(e, _End)), None)
-                writer = self._write(writer, [e for e in events if not isinstance(e, _End)])
-                if end is not None:
-                    self._end(writer, end)
-                    return
+                with one_at_a_time():  # MLflow loads parts of itself as it first uses them
+                    writer = self._write(writer, [e for e in events if not isinstance(e, _End)])
+                    if end is not None:
+                        self._end(writer, end)
+                        return
 
     def _write(self, writer: Mirror | None, events: list) -> Mirror | None:
         """Writes a batch of events; after a failure, events are dropped (the run dir has them)."""

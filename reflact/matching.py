@@ -30,6 +30,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from reflact.imports import one_at_a_time
+
 if TYPE_CHECKING:  # numpy is imported where it is used (it is slow to import)
     import numpy as np
 
@@ -80,7 +82,8 @@ def match(keys: list[Key | None], threshold: float, labels: dict[str, tuple[list
     """Matches every pair of keys at `threshold` (0 < t <= 1). `labels` name integer labels
     (same, other) per item; for each, an item recurs when a matching item has its `same` and
     another `other` (say same = the minibatch, other = the draw)."""
-    import numpy as np
+    with one_at_a_time():
+        import numpy as np
 
     n = len(keys)
     component = np.arange(n)
@@ -97,9 +100,10 @@ def match(keys: list[Key | None], threshold: float, labels: dict[str, tuple[list
 
 def _joined(component: "np.ndarray", a: "np.ndarray", b: "np.ndarray") -> "np.ndarray":
     """The components once the pairs (a, b) are linked too."""
-    import numpy as np
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
+    with one_at_a_time():
+        import numpy as np
+        from scipy.sparse import coo_matrix
+        from scipy.sparse.csgraph import connected_components
 
     ca, cb = component[a], component[b]
     apart = ca != cb
@@ -113,7 +117,8 @@ def _joined(component: "np.ndarray", a: "np.ndarray", b: "np.ndarray") -> "np.nd
 
 def match_chunks(keys: list[Key | None], threshold: float):
     """Every matching pair (i, j), once, as two index arrays, a chunk of rows at a time."""
-    import numpy as np
+    with one_at_a_time():
+        import numpy as np
 
     blocks: dict[str, list[int]] = defaultdict(list)
     for index, key in enumerate(keys):
@@ -127,8 +132,9 @@ def match_chunks(keys: list[Key | None], threshold: float):
 
 def _block_chunks(keys: list[Key], threshold: float):
     """Matching pairs within one block (positions in `keys`): every text of both must reach the cutoff."""
-    import numpy as np
-    from rapidfuzz import fuzz, process
+    with one_at_a_time():
+        import numpy as np
+        from rapidfuzz import fuzz, process
 
     cutoff = threshold * 100
     order = np.array(sorted(range(len(keys)), key=lambda i: len(keys[i].texts[0])), dtype=np.int64)
@@ -153,5 +159,6 @@ def warm_imports() -> None:
     """Imports the libraries matching uses, ahead of time (they are imported where used)."""
     import importlib
 
-    for name in ("numpy", "rapidfuzz.process", "scipy.sparse.csgraph"):
-        importlib.import_module(name)
+    with one_at_a_time():  # the run's end may import the same libraries meanwhile
+        for name in ("numpy", "rapidfuzz.process", "scipy.sparse.csgraph"):
+            importlib.import_module(name)

@@ -17,6 +17,7 @@ from pathlib import Path
 from reflact.config import ReflactConfig
 from reflact.dataset import Dataset
 from reflact.events import MinibatchEnded, Planned, Replied
+from reflact.imports import one_at_a_time
 from reflact.outcome import Outcome
 from reflact.prompts import SystemPrompts, content_hash
 from reflact.rundir import RunDir, SweepDir
@@ -195,7 +196,8 @@ def _now_ms() -> int:
 def _flush_traces() -> None:
     """Traces are written on the tracker's thread (reflact turns MLflow's async trace logging off);
     a user who turned it back on gets them flushed before the run ends."""
-    import mlflow
+    with one_at_a_time():
+        import mlflow
 
     flush = getattr(mlflow, "flush_trace_async_logging", None)
     if flush:

@@ -18,6 +18,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from reflact.errors import UserError, exits_on_user_error
+from reflact.imports import one_at_a_time
 from reflact.rundir import HYDRA, SUMMARY, RunDir
 
 log = logging.getLogger("reflact")
@@ -53,7 +54,8 @@ def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | No
 
 def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: dict):
     """The run's context from its saved config (its dataset and templates when still there)."""
-    from omegaconf import OmegaConf
+    with one_at_a_time():
+        from omegaconf import OmegaConf
 
     from reflact import config
     from reflact.mirror import RunContext

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from reflact.errors import UserError, exits_on_user_error
+from reflact.imports import one_at_a_time
 from reflact.modes import mode_by_number
 
 METRICS = ("edits_kept", "edits_truncated", "parse_failures", "tokens", "cost_usd", "wall_time_s")
@@ -30,7 +31,8 @@ PAGE = 1000  # runs per search request; every page is read
 def sweep_runs(client, sweep_id: str):
     """The sweep's job runs (not its parent), active only, across all experiments: one row each,
     its metrics as columns (a pandas DataFrame)."""
-    import pandas as pd
+    with one_at_a_time():
+        import pandas as pd
 
     experiments = [e.experiment_id for e in client.search_experiments(max_results=PAGE)]
     rows, token = [], None
@@ -128,10 +130,12 @@ def _shown(row: dict, metric: str, form: str) -> str:
 
 def write_picture(rows: list[dict], out: Path) -> list[Path]:
     """One PNG per mode: a heatmap of each metric over M (rows) and L (columns)."""
-    import matplotlib
+    with one_at_a_time():
+        import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    with one_at_a_time():
+        import matplotlib.pyplot as plt
 
     paths = []
     for mode in sorted({r["mode"] for r in rows}):
@@ -196,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", default=default_tracking_uri(Path.cwd()))
     parser.add_argument("--out", type=Path, default=None, help="folder for the report (default: the sweep id)")
     args = parser.parse_args(argv)
-    from mlflow.tracking import MlflowClient
+    with one_at_a_time():
+        from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=args.tracking_uri)
     parents = client.search_runs(

@@ -6,8 +6,11 @@ can drive reflact.
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import sys
+import threading
 from pathlib import Path
 
 import hydra
@@ -15,13 +18,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from reflact import config, shipped
 from reflact.errors import RunFailed, exits_on_user_error, raise_stopped_on_sigterm
+from reflact.imports import one_at_a_time
 
 
 @hydra.main(config_path=str(shipped.conf_dir()), config_name="config", version_base="1.3")
 @exits_on_user_error  # inside the job too: Hydra would wrap a mistake in its own report
 def _job(dict_cfg: DictConfig) -> float | None:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
+    with one_at_a_time():
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
 
     from reflact.api import run
     from reflact.experiment import Launch
@@ -72,14 +77,11 @@ def _exit_now(code: int) -> None:
     """Ends the process once its files, logs and exit handlers are done, skipping the interpreter's
     teardown of every module MLflow imports (~0.7 s of a run's end, and nothing left to do). Only
     when nothing else runs: a launcher's worker processes or threads get the usual shutdown."""
-    import atexit
-    import logging
-    import multiprocessing
-    import threading
-
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
     others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
-    if run_exit_handlers is None or others or multiprocessing.active_children():
+    # no import here (a daemon thread may still be loading): without multiprocessing, no children
+    processes = sys.modules.get("multiprocessing")
+    if run_exit_handlers is None or others or (processes is not None and processes.active_children()):
         sys.exit(code)
     run_exit_handlers()
     logging.shutdown()

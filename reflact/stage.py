@@ -104,7 +104,7 @@ class Stage:
         self.publish(Planned(plan))
         self.run_dir.clean()
         settled = Settled(self.publish, 2 * self.cfg.reflect.workers)
-        with ThreadPoolExecutor(max_workers=self.cfg.reflect.workers) as pool:
+        with ThreadPoolExecutor(max_workers=self.cfg.reflect.workers, thread_name_prefix="reflact-worker") as pool:
             try:
                 futures = []
                 for mb in plan:

@@ -19,6 +19,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from reflact.errors import UserError, exits_on_user_error
+from reflact.imports import one_at_a_time
 from reflact.rundir import SweepDir
 
 log = logging.getLogger("reflact")
@@ -82,7 +83,8 @@ class MlflowSweep(Callback):
 def sweep_settings(config: DictConfig) -> tuple[dict[str, str], dict[str, list[str]]]:
     """(the settings every job shares, as params; the swept keys and their values). Settings that do
     not change results (the keys left out of job folder names: workers, cache, tracking...) are left out."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    with one_at_a_time():
+        from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from reflact.config import params
 
@@ -104,7 +106,8 @@ def sweep_settings(config: DictConfig) -> tuple[dict[str, str], dict[str, list[s
 def swept_values(override) -> list[str]:
     """The values a swept key lists: `2,4,8`, `choice(2,4,8)` and `range(1,5)` item by item. What
     a sampler draws from (Optuna's `interval(1,4)`), a glob or a single value stays as written."""
-    from hydra.core.override_parser.types import Glob
+    with one_at_a_time():
+        from hydra.core.override_parser.types import Glob
 
     listed = override.is_choice_sweep() or override.is_range_sweep()
     if listed and not isinstance(override.value(), Glob):
@@ -160,7 +163,8 @@ def _typed(config: DictConfig):
 
 def _where(config: DictConfig) -> tuple[Path, Path]:
     """(sweep dir, launch dir) for this multirun."""
-    from hydra.core.hydra_config import HydraConfig
+    with one_at_a_time():
+        from hydra.core.hydra_config import HydraConfig
 
     HydraConfig.instance().set_config(config)  # lets `${hydra:...}` in the sweep dir resolve
     sweep_dir = Path(config.hydra.sweep.dir).resolve()

@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlparse
 
 from reflact import __version__
 from reflact.config import ReflactConfig
+from reflact.imports import one_at_a_time
 from reflact.modes import get_mode
 
 log = logging.getLogger("reflact")
@@ -150,7 +151,8 @@ class Store:
 
     def __init__(self, uri: str, experiment: str, launch_dir: Path) -> None:
         mlflow_defaults()
-        from mlflow.tracking import MlflowClient
+        with one_at_a_time():
+            from mlflow.tracking import MlflowClient
 
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
@@ -175,14 +177,16 @@ class Store:
         return self.run_id
 
     def log_params(self, params: dict[str, str]) -> None:
-        from mlflow.entities import Param
+        with one_at_a_time():
+            from mlflow.entities import Param
 
         items = [Param(k, v) for k, v in params.items()]
         for start in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[start : start + 100], synchronous=True)
 
     def log_metrics(self, rows: list[tuple[str, float, int]], timestamp_ms: int) -> None:
-        from mlflow.entities import Metric
+        with one_at_a_time():
+            from mlflow.entities import Metric
 
         metrics = [Metric(key, value, timestamp_ms, step) for key, value, step in rows]
         for start in range(0, len(metrics), 1000):
@@ -209,7 +213,8 @@ class Store:
         self.client.log_table(self.run_id, table, name)
 
     def log_dataset(self, name: str, digest: str, source: str, profile: dict) -> None:
-        from mlflow.entities import Dataset, DatasetInput, InputTag
+        with one_at_a_time():
+            from mlflow.entities import Dataset, DatasetInput, InputTag
 
         dataset = Dataset(name=name, digest=digest, source_type="local", source=json.dumps({"uri": source}),
                           profile=json.dumps(profile))
@@ -291,16 +296,27 @@ def mlflow_globals_at(uri: str):
     """Traces and prompt links follow MLflow's global tracking URI: point it at the run's store
     while they are written, then restore what it was."""
     mlflow_defaults()
+    with one_at_a_time():  # setting the URI resets MLflow's tracer, which loads parts of MLflow
+        scope = _tracking_uri_scope(uri)
+        scope.__enter__()
     try:
-        from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+        yield
+    finally:
+        with one_at_a_time():
+            scope.__exit__(None, None, None)
+
+
+def _tracking_uri_scope(uri: str) -> contextlib.AbstractContextManager:
+    try:
+        with one_at_a_time():
+            from mlflow.tracking._tracking_service.utils import _use_tracking_uri
     except ImportError:  # a later MLflow moved it: fall back to setting it (not restored)
-        import mlflow
+        with one_at_a_time():
+            import mlflow
 
         mlflow.set_tracking_uri(uri)
-        yield
-        return
-    with _use_tracking_uri(uri):
-        yield
+        return contextlib.nullcontext()
+    return _use_tracking_uri(uri)
 
 
 def experiment_id(client, name: str, uri: str, launch_dir: Path) -> str:
