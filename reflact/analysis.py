@@ -3,7 +3,8 @@
 Every figure comes from what a finished run dir holds (its summary and kept items), so a run
 writes them at its end and `python -m reflact.analyze` computes the same ones later, over any run
 dirs, with another threshold if asked. Items match when they change the same thing in nearly the
-same words (reflact.matching, `analysis.match_threshold`).
+same words (reflact.matching, `analysis.match_threshold`), or by the matcher `analysis.matcher`
+names (reflact.matchers: embeddings, a judge), which analysis.json records.
 
 - **agreement** (`optimizer.samples` >= 2): per minibatch, the share of its kept items, over all its
   draws, that a matching item of another of its draws repeats; per run, the same share over the
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from reflact.config import AnalysisConfig
 from reflact.errors import UserError
-from reflact.matching import SCORER, Key, item_key, match
+from reflact.matching import Key, Lexical, item_key, match
 from reflact.outcome import WITH_PATCH
 from reflact.plan import Minibatch, parse_tag
 from reflact.rundir import KEPT_ITEMS, SUMMARY, RunDir
@@ -58,6 +59,7 @@ class Run:
     draws: Counter  # (group, index) -> draws of that minibatch with a patch
     items: list[Item] = field(default_factory=list)
     threshold: float | None = None  # the one its own analysis used, if it has one
+    matcher: str | None = None  # the matcher its own analysis used
     support_share: float | None = None  # reflect.provenance: kept items that name a trajectory
 
     @property
@@ -92,7 +94,8 @@ def load_run(root: Path) -> Run:
         run.items = [item for row in rd.kept_items() if (item := _item(row)) is not None]
     except (ValueError, KeyError, TypeError, AttributeError):
         raise UserError(f"{root}: {KEPT_ITEMS} is damaged (a line is not a kept item)") from None
-    run.threshold = (rd.analysis() or {}).get("threshold")
+    own = rd.analysis() or {}
+    run.threshold, run.matcher = own.get("threshold"), own.get("matcher", "lexical" if own else None)
     run.support_share = summary.get("counts", {}).get("support_share")
     return run
 
@@ -109,8 +112,8 @@ def load_runs_quietly(paths: list[Path]) -> list[Run]:
 
 
 def usual_threshold(runs: list[Run]) -> float:
-    """The threshold most of the runs were analysed with (the default when none was)."""
-    found = Counter(run.threshold for run in runs if run.threshold is not None)
+    """The lexical threshold most of the runs were analysed with (the default when none was)."""
+    found = Counter(run.threshold for run in runs if run.threshold is not None and run.matcher == "lexical")
     return float(found.most_common(1)[0][0]) if found else AnalysisConfig().match_threshold
 
 
@@ -121,17 +124,22 @@ def _item(row: dict) -> Item | None:
     return Item(row["minibatch"], int(row["position"]), *where, key)
 
 
-def analyse(run: Run, threshold: float) -> dict:
-    """The run's figures (what analysis.json holds)."""
-    items = run.items
+def as_matcher(matcher) -> object:
+    """A matcher (reflact.matchers), or a threshold for the lexical one."""
+    return Lexical(float(matcher)) if isinstance(matcher, (int, float)) else matcher
+
+
+def analyse(run: Run, matcher) -> dict:
+    """The run's figures (what analysis.json holds), by `matcher` (or a lexical threshold)."""
+    items, matcher = run.items, as_matcher(matcher)
     minibatch = _codes([(i.group, i.index) for i in items])
-    matched = match([i.key for i in items], threshold, {
+    matched = match([i.key for i in items], matcher, {
         "redundant": (_codes([i.group for i in items]), minibatch),  # same group, another minibatch
         "agreeing": (minibatch, [i.draw for i in items]),  # same minibatch, another draw
     })
     redundant, distinct = int(matched.recurs["redundant"].sum()), matched.distinct()
     figures = {
-        "threshold": threshold, "matching": SCORER, "samples": int(run.settings.get("samples", 1)),
+        **matcher.describe(), "samples": int(run.settings.get("samples", 1)),
         "edits": len(items), "distinct_edits": distinct,
         "distinct_edits_per_usd": round(distinct / run.cost_usd, 6) if run.cost_usd > 0 else None,
         "redundant_edits": redundant, "redundancy": _share(redundant, len(items)),
@@ -167,7 +175,7 @@ def _groups(items: list[Item], cluster: list[int]) -> list[list[str]]:
     return sorted((m for m in members.values() if len(m) > 1), key=len, reverse=True)
 
 
-def seed_agreement(runs: list[Run], threshold: float) -> list[dict]:
+def seed_agreement(runs: list[Run], matcher) -> list[dict]:
     """Per cell of runs that differ only in their seed: the share of their items that a matching
     item of a run with another seed repeats (None with fewer than two seeds)."""
     cells: dict[str, list[Run]] = defaultdict(list)
@@ -180,7 +188,7 @@ def seed_agreement(runs: list[Run], threshold: float) -> list[dict]:
         row = {**members[0].label(), "seeds": len(seeds), "runs": len(members), "edits": len(items),
                "recurring": None, "seed_agreement": None}
         if len(seeds) >= 2:
-            matched = match([item.key for _, item in items], threshold,
+            matched = match([item.key for _, item in items], as_matcher(matcher),
                             {"other_seed": ([0] * len(items), [seed for seed, _ in items])})
             recurring = int(matched.recurs["other_seed"].sum())
             row.update(recurring=recurring, seed_agreement=_share(recurring, len(items)))
@@ -206,16 +214,28 @@ def seed_metrics(by_cell: dict[tuple[str, int, int], float]) -> dict[str, float]
     return metrics
 
 
-def analyse_run_dir(run_dir: RunDir, threshold: float, max_items: int | None = None) -> dict:
+def analyse_run_dir(run_dir: RunDir, chosen, max_items: int | None = None) -> dict:
     """The figures of a finished run dir, written to its analysis.json; a run of more than
-    `max_items` kept items gets only their number and why the rest was not computed."""
+    `max_items` kept items gets only their number and why the rest was not computed, and so does
+    one whose matcher's calls could not be made (the run's patches stand: a warning, no failure).
+    `chosen`: a reflact.matchers.Chosen, or a lexical threshold."""
+    from reflact.embedding import AnalysisUnavailable
+    from reflact.matchers import Chosen
+
+    chosen = chosen if isinstance(chosen, Chosen) else Chosen(as_matcher(chosen))
     run = load_run(run_dir.root)
+    described = chosen.matcher.describe()
+    brief = {"edits": len(run.items), "matcher": described["matcher"], "threshold": described["threshold"]}
     if max_items is not None and len(run.items) > max_items:
-        figures = {"edits": len(run.items), "threshold": threshold,
-                   "skipped": f"{len(run.items)} kept items, over analysis.max_items={max_items}: run "
-                              f"python -m reflact.analyze {run_dir.root} for the figures"}
+        figures = {**brief, "skipped": f"{len(run.items)} kept items, over analysis.max_items={max_items}: run "
+                                       f"python -m reflact.analyze {run_dir.root} for the figures"}
     else:
-        figures = analyse(run, threshold)
+        try:
+            figures = analyse(run, chosen.matcher)
+        except AnalysisUnavailable as exc:
+            log.warning("%s; the run's analysis is left out (python -m reflact.analyze can make it later)", exc)
+            figures = {**brief, "skipped": str(exc)}
+    figures.update(chosen.usage())
     run_dir.write_analysis(figures)
     return figures
 

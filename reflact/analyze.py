@@ -1,6 +1,7 @@
 """Agreement, redundancy and seed agreement after the fact, over any finished run dirs:
 
     python -m reflact.analyze RUN_OR_SWEEP_DIR... [--out DIR] [--threshold X] [--log]
+        [--matcher lexical|embedding|judge] [--set analysis.embedding.base_url=URL ...]
 
 A sweep dir stands for its jobs' run dirs. The runs may come from different days and sweeps: runs
 whose settings differ only in `reflect.seed` are compared across seeds. Writes `analysis.md` (a
@@ -8,7 +9,11 @@ table per run and per cell), `analysis.png` and `analysis.json` into --out (defa
 `report/` when one sweep dir is given, else `analysis/` here). Nothing in the run dirs changes.
 With --log the figures go to the MLflow parent run of each sweep involved (`mlflow_parent.json`):
 the seed agreement per cell and its mean, the means of redundancy, agreement and distinct items,
-the threshold, and the report under `analysis/`.
+the threshold, and the report under `analysis/`. The matcher and its settings (`analysis.*`, the
+optimizer's endpoint, prices and cost cap for the calls) are those of the first run's saved config
+unless --matcher and --set say otherwise; the embeddings and judge replies a run already made are
+answered from the response cache (outputs/cache.db here, or optimizer.cache_path), so a re-analysis
+pays only for new texts. The judge's replies go under --out's judge/.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import sys
 from pathlib import Path
 
 from reflact.analysis import Run, analyse, load_run, seed_agreement, seed_by_cell, seed_metrics
-from reflact.config import AnalysisConfig, check_threshold
+from reflact.config import AnalysisConfig, Matcher, ReflactConfig, check_threshold
 from reflact.errors import UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
 from reflact.rundir import RunDir, SweepDir
@@ -51,29 +56,59 @@ def resolve(paths: list[Path]) -> tuple[list[Path], list[SweepDir]]:
     return unique, list(sweeps.values())
 
 
-def pick_threshold(given: float | None, runs: list[Run]) -> float:
-    """--threshold, else the one the runs were analysed with (they must agree), else the default."""
+def pick_threshold(given: float | None, runs: list[Run], matcher: str = "lexical") -> float | None:
+    """--threshold, else the one the runs were analysed with by this matcher (they must agree),
+    else None (the matcher's default)."""
     if given is not None:
         return check_threshold(given, "--threshold")
-    found = sorted({run.threshold for run in runs if run.threshold is not None})
+    found = sorted({run.threshold for run in runs if run.threshold is not None and run.matcher == matcher})
     if len(found) > 1:
         raise UserError(f"the runs were analysed with different match thresholds ({', '.join(map(str, found))}); "
                         "choose one with --threshold")
-    return found[0] if found else AnalysisConfig().match_threshold
+    return found[0] if found else (AnalysisConfig().match_threshold if matcher == "lexical" else None)
 
 
-def figures(runs: list[Run], threshold: float) -> dict:
-    """What the report shows: each run's figures and each cell's seed agreement."""
+def settings(run_dirs: list[Path], matcher: str | None, overrides: list[str]) -> ReflactConfig:
+    """The analysis's settings: the first run's saved config (else the defaults), --set, --matcher."""
+    with one_at_a_time():
+        from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+
+    from reflact.config import _check_analysis, _price, typed
+
+    saved = next((p / ".hydra" / "config.yaml" for p in run_dirs if (p / ".hydra" / "config.yaml").is_file()), None)
+    base = OmegaConf.load(saved) if saved else OmegaConf.structured(ReflactConfig)
+    for item in overrides:
+        if not item.startswith(("analysis.", "optimizer.")) or "=" not in item:
+            raise UserError(f"--set {item}: give KEY=VALUE with a key under analysis. or optimizer.")
+    try:
+        cfg = typed(OmegaConf.merge(base, OmegaConf.from_dotlist(overrides)))
+    except OmegaConfBaseException as exc:
+        raise UserError(f"--set: {' '.join(str(exc).split())[:200]}") from None
+    if matcher is not None:
+        cfg.analysis.matcher = Matcher(matcher)
+    cfg.optimizer.prices = {m: _price(m, p) for m, p in cfg.optimizer.prices.items()}
+    _check_analysis(cfg)
+    return cfg
+
+
+def figures(runs: list[Run], matcher) -> dict:
+    """What the report shows: each run's figures and each cell's seed agreement, by `matcher`
+    (or a lexical threshold)."""
+    from reflact.analysis import as_matcher
+
+    matcher = as_matcher(matcher)
     per_run = []
     for run in runs:
-        result = analyse(run, threshold)
+        result = analyse(run, matcher)
         result.pop("near_duplicates")  # in each run's own analysis
         per_run.append({"run_dir": str(run.path), **run.label(), "seed": run.seed,
                         "support_share": run.support_share, **result})
-    cells = seed_agreement(runs, threshold)
+    cells = seed_agreement(runs, matcher)
     by_cell = seed_by_cell(cells)
-    return {"threshold": threshold, "runs": per_run, "cells": cells, "metrics": {
-        **seed_metrics(by_cell), **_means(per_run), "analysis_threshold": threshold}}
+    described = matcher.describe()
+    return {**described, "runs": per_run, "cells": cells, "metrics": {
+        **seed_metrics(by_cell), **_means(per_run), "analysis_threshold": described["threshold"]}}
 
 
 def _means(per_run: list[dict]) -> dict[str, float]:
@@ -86,7 +121,8 @@ def _means(per_run: list[dict]) -> dict[str, float]:
 
 
 def markdown(result: dict) -> str:
-    lines = ["# Agreement and redundancy", "", f"Match threshold {result['threshold']}.", "", "## Runs", ""]
+    lines = ["# Agreement and redundancy", "", f"Matcher {result.get('matcher', 'lexical')}, threshold "
+             f"{result['threshold']} ({result.get('matching', '')}).", "", "## Runs", ""]
     head = ["run", "mode", "M", "L", "seed", "k", *SHOWN, "support_share"]
     lines += _table(head, [[_short(r["run_dir"]), *(r[k] for k in head[1:])] for r in result["runs"]])
     lines += ["", "## Across seeds", "", "Runs whose settings differ only in the seed form a cell.", ""]
@@ -142,7 +178,7 @@ def picture(result: dict, path: Path) -> Path:
     ax.set_xticks([i + width for i in range(len(cells))], names, rotation=20, ha="right")
     ax.set_ylim(0, 1)
     ax.set_ylabel("share of kept items")
-    ax.set_title(f"agreement and redundancy (match threshold {result['threshold']})")
+    ax.set_title(f"agreement and redundancy ({result.get('matcher', 'lexical')}, threshold {result['threshold']})")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -183,17 +219,27 @@ def log_to_parents(sweeps: list[SweepDir], metrics: dict[str, float], paths: lis
     return ok
 
 
-def analyze(paths: list[Path], out: Path | None, threshold: float | None,
-            to_mlflow: bool) -> tuple[list[Path], bool]:
+def analyze(paths: list[Path], out: Path | None, threshold: float | None, to_mlflow: bool,
+            matcher: str | None = None, overrides: list[str] = ()) -> tuple[list[Path], bool]:
     """The command, from Python: (the report's files, whether everything asked was logged)."""
+    from reflact.matchers import matcher_for
+
     run_dirs, sweeps = resolve(paths)
     if to_mlflow and not any(s.parent_record().get("run_id") for s in sweeps):
         raise UserError("--log: none of the given dirs belongs to a sweep with an MLflow parent run "
                         "(mlflow_parent.json)")
+    cfg = settings(run_dirs, matcher, list(overrides))
     runs = [load_run(path) for path in run_dirs]
-    result = figures(runs, pick_threshold(threshold, runs))
     if out is None:
         out = sweeps[0].report if len(sweeps) == 1 and all(SweepDir(p).is_sweep() for p in paths) else Path("analysis")
+    chosen = matcher_for(cfg, Path.cwd(), 0.0, out / "judge",
+                         pick_threshold(threshold, runs, cfg.analysis.matcher.value))
+    try:
+        result = figures(runs, chosen.matcher)
+    finally:
+        chosen.close()
+    result["metrics"].update({k: v for k, v in chosen.usage().items() if k != "analysis_calls"})
+    result.update(chosen.usage())
     written = write_report(result, out)
     return written, log_to_parents(sweeps, result["metrics"], written) if to_mlflow else True
 
@@ -204,11 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dirs", type=Path, nargs="+", metavar="RUN_OR_SWEEP_DIR")
     parser.add_argument("--out", type=Path, default=None, help="folder for the report")
     parser.add_argument("--threshold", type=float, default=None,
-                        help="match threshold in (0, 1] (default: the runs' own, else 0.85)")
+                        help="match threshold in (0, 1] (default: the runs' own, else the matcher's default)")
     parser.add_argument("--log", action="store_true", help="log the figures to the sweeps' MLflow parent runs")
+    parser.add_argument("--matcher", choices=[m.value for m in Matcher], default=None,
+                        help="lexical, embedding or judge (default: the runs' own analysis.matcher)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                        help="an analysis.* or optimizer.* setting, e.g. analysis.embedding.base_url=URL (repeatable)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    written, logged = analyze(args.dirs, args.out, args.threshold, args.log)
+    written, logged = analyze(args.dirs, args.out, args.threshold, args.log, args.matcher, args.overrides)
     print("\n".join(str(path) for path in written))
     return 0 if logged else 1
 

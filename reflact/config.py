@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from reflact.errors import UserError
@@ -164,8 +164,39 @@ class MlflowConfig:
     experiment: str = "reflact"
 
 
+class Matcher(Enum):
+    lexical = "lexical"  # rapidfuzz on the words: offline, free, blind to paraphrases
+    embedding = "embedding"  # cosine of embeddings from an OpenAI-compatible /v1/embeddings
+    judge = "judge"  # embedding neighbours confirmed by the optimizer model
+
+
+@dataclass
+class EmbeddingConfig:
+    base_url: Optional[str] = None  # default: optimizer.base_url
+    model: str = "text-embedding-3-small"
+    api_key_env: Optional[str] = None  # default: optimizer.api_key_env
+    # cosine at or above which two items match (bench/README.md: the labelled pairs' figures)
+    threshold: float = 0.9
+    batch: int = 64  # texts per request
+
+
+@dataclass
+class JudgeConfig:
+    # embedding neighbours at or above this cosine are asked about (the judge only removes matches)
+    candidate_threshold: float = 0.85
+    batch: int = 20  # pairs per question
+    max_output_tokens: int = 2048
+
+
 @dataclass
 class AnalysisConfig:
+    # which matcher decides that two items are the same change (README: "Reading agreement and redundancy")
+    matcher: Matcher = Matcher.lexical
+    # cheap vetoes on embedding matches (reflact.guards: numbers, negation, target); negation is
+    # left out by default: on the labelled pairs it cost 7 of 30 paraphrases (bench/README.md)
+    guards: List[str] = field(default_factory=lambda: ["numbers", "target"])
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     # two items match when every compared field (lowercased, whitespace collapsed, words sorted)
     # is at least this similar (rapidfuzz's token-sort ratio / 100); see reflact.matching
     match_threshold: float = 0.85
@@ -261,8 +292,7 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     _check_optimizer_names(cfg.optimizer)
     _check_optimizer_urls(cfg.optimizer)
     _check_mlflow(cfg.mlflow)
-    check_threshold(cfg.analysis.match_threshold, "analysis.match_threshold")
-    _at_least(cfg.analysis.max_items, 0, "analysis.max_items")
+    _check_analysis(cfg)
     _check_optimized_metric(cfg.optimized_metric, cfg.reflect)
     cfg.optimizer.prices = {model: _price(model, value) for model, value in cfg.optimizer.prices.items()}
     o = cfg.optimizer
@@ -271,6 +301,31 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
                         f"set +optimizer.prices.{o.model}={{input:...,cached_input:...,output:...}} (USD per million "
                         "tokens)")
     return cfg
+
+
+def _check_analysis(cfg: ReflactConfig) -> None:
+    a, o = cfg.analysis, cfg.optimizer
+    check_threshold(a.match_threshold, "analysis.match_threshold")
+    _at_least(a.max_items, 0, "analysis.max_items")
+    check_threshold(a.embedding.threshold, "analysis.embedding.threshold")
+    check_threshold(a.judge.candidate_threshold, "analysis.judge.candidate_threshold")
+    _at_least(a.embedding.batch, 1, "analysis.embedding.batch")
+    _at_least(a.judge.batch, 1, "analysis.judge.batch")
+    _at_least(a.judge.max_output_tokens, 1, "analysis.judge.max_output_tokens")
+    unknown = [name for name in a.guards if name not in ("numbers", "negation", "target")]
+    if unknown:
+        raise UserError(f"analysis.guards: unknown guard {unknown[0]!r} (known: numbers, negation, target)")
+    if not a.embedding.model or not a.embedding.model.strip():
+        raise UserError("analysis.embedding.model is empty: name the embedding model the endpoint serves")
+    if a.embedding.api_key_env is not None:
+        _check_key_env(a.embedding.api_key_env, "analysis.embedding.api_key_env")
+    if a.embedding.base_url is not None:
+        _check_url(a.embedding.base_url, "analysis.embedding.base_url", "http://127.0.0.1:8000/v1",
+                   "put the key in the environment variable named by analysis.embedding.api_key_env")
+    if a.matcher is not Matcher.lexical and o.max_cost_usd is not None and a.embedding.model not in o.prices:
+        raise UserError(f"analysis.embedding.model: {a.embedding.model!r} has no price, so optimizer.max_cost_usd "
+                        f"could not hold for the analysis; set +optimizer.prices.{a.embedding.model}={{input:...}} "
+                        "(USD per million tokens; 0 for a local model)")
 
 
 def _check_optimized_metric(name: str | None, reflect: ReflectConfig) -> None:
@@ -365,19 +420,19 @@ def _check_optimizer_names(o: OptimizerConfig) -> None:
             raise UserError("optimizer.azure.api_version is empty: set the Azure OpenAI API version, e.g. 2024-10-21")
 
 
-def _check_key_env(name: str) -> None:
+def _check_key_env(name: str, key: str = "optimizer.api_key_env") -> None:
     """The key lives in the environment; the config (logged in full) only names the variable.
     A value that is not a variable's name may be the key itself: it is never echoed."""
     if name and _ENV_NAME.fullmatch(name) and not _looks_like_key(name):
         return
     if not name:
-        raise UserError("optimizer.api_key_env is empty: name the environment variable that holds the key, "
+        raise UserError(f"{key} is empty: name the environment variable that holds the key, "
                         "e.g. OPENAI_API_KEY")
     # a short value that is no key is echoed to help spot the typo; anything else may be the key
     shown = "value not shown: it may be a key" if _looks_like_key(name) or len(name) > 20 else f"got {name!r}"
-    raise UserError(f"optimizer.api_key_env must be the name of an environment variable (letters, digits, _; "
+    raise UserError(f"{key} must be the name of an environment variable (letters, digits, _; "
                     f"{shown}), not the key: put the key in a variable such as OPENAI_API_KEY and set "
-                    "optimizer.api_key_env to that variable's name")
+                    f"{key} to that variable's name")
 
 
 def _check_optimizer_urls(o: OptimizerConfig) -> None:

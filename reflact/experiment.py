@@ -16,6 +16,7 @@ from reflact.config import ReflactConfig
 from reflact.dataset import load_dataset
 from reflact.errors import Stopped
 from reflact.live import LiveRun
+from reflact.matchers import matcher_for
 from reflact.mirror import RunContext
 from reflact.optimizer import make_optimizer
 from reflact.rundir import RunDir, locked
@@ -62,7 +63,7 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
                                          stage.system, launch.overrides, launch.sweep_dir, launch.job))
             stage.observe(tracker)
         try:
-            return _run(cfg, stage, optimizer, tracker, started_at)
+            return _run(cfg, stage, optimizer, tracker, started_at, launch.launch_dir)
         except KeyboardInterrupt as exc:
             if tracker is not None:
                 tracker.finish(None, "KILLED")
@@ -74,7 +75,8 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
             raise
 
 
-def _run(cfg: ReflactConfig, stage: Stage, optimizer, tracker: LiveRun | None, started_at: float) -> RunResult:
+def _run(cfg: ReflactConfig, stage: Stage, optimizer, tracker: LiveRun | None, started_at: float,
+         launch_dir: Path) -> RunResult:
     """The stage, then the run's summary and report, its status, and the end of its MLflow run."""
     dataset = stage.dataset
     if dataset.skipped:
@@ -90,12 +92,23 @@ def _run(cfg: ReflactConfig, stage: Stage, optimizer, tracker: LiveRun | None, s
         optimizer.close()
     summary = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.system.hashes(), started_at,
                         time.time)
-    analysis = analyse_run_dir(stage.run_dir, cfg.analysis.match_threshold, cfg.analysis.max_items)
+    analysis = _analysis(cfg, stage, summary, launch_dir)
     status, reason = run_status(summary["counts"], cfg, outcomes, stage.run_dir.root)
     run_id = tracker.finish(summary, status) if tracker is not None else None
     report_end(cfg, summary, stage.mode.label, stage.run_dir)
     report_analysis(analysis)
     return RunResult(stage.run_dir.root, summary, status, reason, run_id, analysis)
+
+
+def _analysis(cfg: ReflactConfig, stage: Stage, summary: dict, launch_dir: Path) -> dict:
+    """The run's analysis.json by the configured matcher; its calls are capped by what the stage left."""
+    if cfg.optimizer.dry_run:  # nothing kept, nothing to embed: no endpoint is asked
+        return analyse_run_dir(stage.run_dir, cfg.analysis.match_threshold, cfg.analysis.max_items)
+    chosen = matcher_for(cfg, launch_dir, summary["counts"]["spent_usd"], stage.run_dir.calls / "analysis_judge")
+    try:
+        return analyse_run_dir(stage.run_dir, chosen, cfg.analysis.max_items)
+    finally:
+        chosen.close()
 
 
 def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: RunDir) -> None:
@@ -132,7 +145,11 @@ def report_analysis(analysis: dict) -> None:
         return
     agreement = analysis.get("agreement")
     per_usd = analysis.get("distinct_edits_per_usd")
-    log.info("analysis: %d kept items, %d distinct%s, redundancy %.2f%s (match threshold %.2f)",
+    log.info("analysis: %d kept items, %d distinct%s, redundancy %.2f%s (%s matcher, threshold %.2f)",
              analysis["edits"], analysis["distinct_edits"], f" ({per_usd:.1f} per $)" if per_usd else "",
              analysis["redundancy"], "" if agreement is None else f", agreement over draws {agreement:.2f}",
-             analysis["threshold"])
+             analysis.get("matcher", "lexical"), analysis["threshold"])
+    if "analysis_cost_usd" in analysis:  # the matcher's own calls, beside the stage's
+        log.info("analysis by %s: %d tokens, $%.4f (%s)", analysis["matcher"], analysis["analysis_tokens"],
+                 analysis["analysis_cost_usd"], ", ".join(f"{kind}: {c['requests']} requests, {c['cache_hits']} from "
+                                                          f"cache" for kind, c in analysis["analysis_calls"].items()))

@@ -13,9 +13,10 @@ every compared text scores at least the threshold on rapidfuzz's `fuzz.ratio` (n
 similarity) / 100; on word-sorted texts that is rapidfuzz's token-sort ratio, so a reordered
 sentence still matches. The threshold's default (`analysis.match_threshold`, 0.85) sits between
 a light rewording (word order, case, a word or two, scores 0.87 to 0.97) and the nearest
-different rule of the hand-made examples in tests/test_analysis.py (a negation, 0.82). The
+different rule of the hand-made examples in tests/test_analysis.py (a negation, 0.82). This
 matching is lexical: a paraphrase in other words does not match, while two rules that differ
-only in a number do.
+only in a number do. `analysis.matcher` chooses another (reflact.embedding, reflact.judge): each
+matcher is an object with `chunks(keys)` (the matching pairs, chunk by chunk) and `describe()`.
 
 Speed and memory: within a block the texts are sorted by length and each chunk of rows is scored
 (all cores, `process.cdist` with the cutoff) only against the longer texts that could still reach
@@ -43,6 +44,26 @@ CELLS_PER_CHUNK = 2_000_000  # scores computed at once (8 MB as float32); rows p
 class Key:
     block: str
     texts: tuple[str, ...]  # normalised; all must be similar for two items to match
+    meaning: str = ""  # the change in its own words (whitespace collapsed): what an embedding reads
+    anchor: str = ""  # normalised target line of an insert_after or replace edit: it must be the same
+
+
+@dataclass(frozen=True)
+class Lexical:
+    """The default matcher: every compared text at least `threshold` similar (module docstring)."""
+
+    threshold: float
+    name = "lexical"
+
+    def chunks(self, keys: list[Key | None]):
+        return match_chunks(keys, self.threshold)
+
+    def describe(self) -> dict:
+        return {"matcher": self.name, "threshold": self.threshold, "matching": SCORER}
+
+
+def collapse(text: object) -> str:
+    return " ".join(str(text or "").split())
 
 
 def normalise(text: object) -> str:
@@ -57,13 +78,17 @@ def item_key(item: object) -> Key | None:
     if "op" in item:
         op = str(item["op"])
         fields = {"append": ("content",), "delete": ("target",)}.get(op, ("target", "content"))
-        return Key(f"edit:{op}", tuple(normalise(item.get(name)) for name in fields))
+        anchor = normalise(item.get("target")) if len(fields) == 2 else ""
+        return Key(f"edit:{op}", tuple(normalise(item.get(name)) for name in fields), collapse(item.get(fields[-1])),
+                   anchor)
     if "instruction" in item or "type" in item:
-        return Key(f"suggestion:{item.get('type')}", (normalise(item.get("title")), normalise(item.get("instruction"))))
+        title, instruction = collapse(item.get("title")), collapse(item.get("instruction"))
+        return Key(f"suggestion:{item.get('type')}", (normalise(title), normalise(instruction)),
+                   f"{title}: {instruction}" if title else instruction)
     if "change_summary" in item or "new_skill" in item:
         summary = item.get("change_summary")
         joined = " ".join(map(str, summary)) if isinstance(summary, list) else summary
-        return Key("candidate", (normalise(joined),))
+        return Key("candidate", (normalise(joined),), collapse(joined))
     return None
 
 
@@ -78,8 +103,8 @@ class Matched:
         return len(set(self.cluster.tolist()))
 
 
-def match(keys: list[Key | None], threshold: float, labels: dict[str, tuple[list[int], list[int]]]) -> Matched:
-    """Matches every pair of keys at `threshold` (0 < t <= 1). `labels` name integer labels
+def match(keys: list[Key | None], matcher, labels: dict[str, tuple[list[int], list[int]]]) -> Matched:
+    """Matches every pair of keys with `matcher` (a threshold: the lexical one). `labels` name integer labels
     (same, other) per item; for each, an item recurs when a matching item has its `same` and
     another `other` (say same = the minibatch, other = the draw)."""
     with one_at_a_time():
@@ -89,7 +114,8 @@ def match(keys: list[Key | None], threshold: float, labels: dict[str, tuple[list
     component = np.arange(n)
     arrays = {name: (np.asarray(same), np.asarray(other)) for name, (same, other) in labels.items()}
     recurs = {name: np.zeros(n, dtype=bool) for name in labels}
-    for a, b in match_chunks(keys, threshold):
+    matcher = Lexical(matcher) if isinstance(matcher, (int, float)) else matcher
+    for a, b in matcher.chunks(keys):
         for name, (same, other) in arrays.items():
             hit = (same[a] == same[b]) & (other[a] != other[b])
             recurs[name][a[hit]] = True
@@ -115,16 +141,21 @@ def _joined(component: "np.ndarray", a: "np.ndarray", b: "np.ndarray") -> "np.nd
     return merged[component]
 
 
+def blocks_of(keys: list[Key | None]) -> list[list[int]]:
+    """The positions of the keys, block by block (items match only within one)."""
+    blocks: dict[str, list[int]] = defaultdict(list)
+    for index, key in enumerate(keys):
+        if key is not None:
+            blocks[key.block].append(index)
+    return list(blocks.values())
+
+
 def match_chunks(keys: list[Key | None], threshold: float):
     """Every matching pair (i, j), once, as two index arrays, a chunk of rows at a time."""
     with one_at_a_time():
         import numpy as np
 
-    blocks: dict[str, list[int]] = defaultdict(list)
-    for index, key in enumerate(keys):
-        if key is not None:
-            blocks[key.block].append(index)
-    for members in blocks.values():
+    for members in blocks_of(keys):
         positions = np.asarray(members)
         for a, b in _block_chunks([keys[i] for i in members], threshold):
             yield positions[a], positions[b]

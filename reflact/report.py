@@ -78,13 +78,20 @@ def grid_rows(runs) -> list[dict]:
 
 def add_seed_agreement(rows: list[dict], runs) -> dict[str, float]:
     """Fills in each grid row's seed agreement from the jobs' run dirs (those on this machine);
-    returns it as the parent's metrics: `seed_agreement/<mode>_M<M>_L<L>` and the mean over cells."""
+    returns it as the parent's metrics: `seed_agreement/<mode>_M<M>_L<L>` and the mean over cells.
+    Also names the matcher the jobs' own analyses used (the seed agreement here is lexical: the
+    report makes no call; python -m reflact.analyze --matcher computes it with another)."""
     from reflact.analysis import load_runs_quietly, seed_agreement, seed_by_cell, seed_metrics, usual_threshold
 
     loaded = load_runs_quietly([Path(d) for d in runs.get("run_dir", []) if isinstance(d, str)])
     by_cell = seed_by_cell(seed_agreement(loaded, usual_threshold(loaded)))
+    matchers: dict[tuple, set] = {}
+    for run in loaded:
+        label = run.label()
+        matchers.setdefault((label["update_mode"], label["M"], label["L"]), set()).add(run.matcher or "–")
     for row in rows:
         row[SEED_AGREEMENT] = by_cell.get((row["mode"], row["M"], row["L"]), float("nan"))
+        row["matcher"] = ",".join(sorted(matchers.get((row["mode"], row["M"], row["L"]), {"–"})))
     return seed_metrics(by_cell)
 
 
@@ -95,15 +102,16 @@ def write_table(rows: list[dict], out: Path) -> tuple[Path, Path]:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows({k: "" if _missing(v) else v for k, v in row.items()} for row in rows)
-    header = ["mode", "M", "L", "seeds", *PANELS]
+    header = ["mode", "M", "L", "seeds", "matcher", *PANELS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [row["mode"], str(row["M"]), str(row["L"]), str(row["seeds"])]
+        cells = [row["mode"], str(row["M"]), str(row["L"]), str(row["seeds"]), row.get("matcher", "–")]
         cells += [_shown(row, metric, "{:.4g} ± {:.2g}") for metric in PANELS]
         lines.append("| " + " | ".join(cells) + " |")
     md_path.write_text("Mean ± standard deviation over seeds; seed_agreement is one figure per cell; – where "
                        "a figure is not defined (agreement needs optimizer.samples >= 2, seed agreement two "
-                       "seeds and the run dirs).\n\n" + "\n".join(lines) + "\n", encoding="utf-8")
+                       "seeds and the run dirs); matcher: the one the jobs' analyses used for agreement, "
+                       "redundancy and distinct edits (seed_agreement here is lexical).\n\n" + "\n".join(lines) + "\n", encoding="utf-8")
     return csv_path, md_path
 
 

@@ -35,7 +35,8 @@ SERIES_TOKENS = ("prompt", "completion")
 # what a dry run only estimates, logged under names of their own
 ESTIMATED = ("cost_usd", "tokens_prompt", "tokens_completion", "tokens_cached", "tokens_reasoning")
 # run metrics from the run's analysis.json (reflact.analysis), when it has them
-ANALYSIS_METRICS = ("agreement", "redundancy", "distinct_edits", "distinct_edits_per_usd")
+ANALYSIS_METRICS = ("agreement", "redundancy", "distinct_edits", "distinct_edits_per_usd", "analysis_tokens",
+                    "analysis_cost_usd")
 SHORT_MODE = {"patch": "patch", "rewrite_from_suggestions": "rewrite", "full_rewrite_minibatch": "full_rewrite"}
 
 

@@ -98,18 +98,58 @@ RARE = (
 )
 
 
+# RULES in other words, as another draw of a real model would put them (OptimizerServer(reword=True))
+REWORDED = (
+    "Before you finish, make sure your answer responds to precisely what the question asked.",
+    "Look up an entity's complete name first, and only then query its properties.",
+    "If a search comes back empty, make one more attempt using fewer words before stopping.",
+    "Cite the exact sentence from the source that backs your answer while you reason.",
+    "If the question asks which of two things is bigger, set the two side by side and compare them.",
+    "End the search as soon as two separate sources give the same answer.",
+    "Express every quantity in the task's own units before doing anything with it.",
+    "Choose the most precise article rather than a page listing several meanings.",
+    "Answer with the briefest phrase that still covers everything the question asks.",
+    "Whenever a tool call fails, go back over the requirements of the task.",
+    "Note what you have found so far before you begin another lookup.",
+    "Look at how a record stands right now before you modify it.",
+    "When you decline a request, say which policy is the reason.",
+    "Compare every year and date you give with the source to be sure it is right.",
+    "Don't retry a failed call with exactly the same parameters.",
+    "When an id is needed but not given, request it from the user rather than making one up.",
+)
+
+
+def judge_reply(request: dict) -> dict | None:
+    """A deterministic judge (reflact.judge): two changes are the same when both are RULES[i] or
+    its REWORDED form, in any case and with or without the leading "- "; None for other requests."""
+    if "## Same-change judge" not in str((request.get("messages") or [{}])[0].get("content")):
+        return None
+    known = {_plain(text): i for i, text in (*enumerate(RULES), *enumerate(REWORDED))}
+    pairs = re.findall(r"^A: (.*)\nB: (.*)$", request["messages"][1]["content"], re.M)
+    same = [known.get(_plain(a), -1) == known.get(_plain(b), -2) for a, b in pairs]
+    return chat_body(json.dumps({"same": same}))
+
+
+def _plain(text: str) -> str:
+    return text.lower().removeprefix("- ").rstrip(".").strip()
+
+
 def _number(text: str) -> int:
     """A stable number from text (Python's hash() differs between processes)."""
     return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
 
 
-def seeded_items(ids: list[str], n: int, seed: int) -> list[str]:
+def seeded_items(ids: list[str], n: int, seed: int, reword: bool = False) -> list[str]:
     """n rule texts for a minibatch and a seed: item i is the minibatch's own rule (RULES, the same
     whatever the seed; for odd seeds lightly reworded: lower case, no final stop) unless
-    (i + seed) % 3 == 2, when it is a rule of this draw alone (RARE)."""
+    (i + seed) % 3 == 2, when it is a rule of this draw alone (RARE). With `reword`, every item is
+    the minibatch's own rule, in other words (REWORDED) for odd seeds."""
     base = _number(",".join(ids))
     texts = []
     for i in range(n):
+        if reword:
+            texts.append((REWORDED if seed % 2 else RULES)[(base + i) % len(RULES)])
+            continue
         if (i + seed) % 3 == 2:
             texts.append(RARE[_number(f"{base}/{i}/{seed}") % len(RARE)])
             continue
@@ -125,13 +165,13 @@ def _first_rule_line(user: str) -> str | None:
     return next((line for line in skill.splitlines() if line.startswith("- ")), None)
 
 
-def _items(user: str, ids: list[str], n: int, seed: int | None) -> dict:
+def _items(user: str, ids: list[str], n: int, seed: int | None, reword: bool = False) -> dict:
     if "## Update Format" in user:
-        summary = ["tightened rules"] if seed is None else seeded_items(ids, 2, seed)
+        summary = ["tightened rules"] if seed is None else seeded_items(ids, 2, seed, reword)
         return {"reasoning": "one candidate", "skill_candidates": [
             {"title": "Rewrite", "change_summary": summary, "new_skill": "# Skill\n- be careful\n"}]}
     if "## Suggestion Budget" in user:
-        texts = [None] * n if seed is None else seeded_items(ids, n, seed)
+        texts = [None] * n if seed is None else seeded_items(ids, n, seed, reword)
         return {"reasoning": "suggestions", "revise_suggestions": [
             {"type": "clarify", "title": f"s{i}" if text is None else text[:40], "motivation": "seen often",
              "instruction": "say it plainly" if text is None else text, "priority_hint": "high"}
@@ -141,18 +181,18 @@ def _items(user: str, ids: list[str], n: int, seed: int | None) -> dict:
             {"op": "append", "content": f"- rule {i} from {', '.join(ids)}"} for i in range(n)]}
     anchor = _first_rule_line(user)
     edits = [{"op": "insert_after", "target": anchor, "content": f"- {text}"} if anchor and i % 2
-             else {"op": "append", "content": f"- {text}"} for i, text in enumerate(seeded_items(ids, n, seed))]
+             else {"op": "append", "content": f"- {text}"} for i, text in enumerate(seeded_items(ids, n, seed, reword))]
     return {"reasoning": "edits", "edits": edits}
 
 
-def default_reply(request: dict) -> dict:
+def default_reply(request: dict, reword: bool = False) -> dict:
     """A valid reply object for the request's mode and group, with L + 2 items."""
     user = request["messages"][1]["content"]
     group_failure = "## Failed Trajectories" in user
     budget = re.search(r"at most L=(\d+)", user)
     n = int(budget.group(1)) + 2 if budget else 3
     ids = re.findall(r"^### Trajectory \d+ of \d+ \(id: (.+)\)$", user, re.M)
-    patch = _items(user, ids, n, request.get("seed"))
+    patch = _items(user, ids, n, request.get("seed"), reword)
     if "## Evidence Behind Each Item" in request["messages"][0]["content"]:
         for i, item in enumerate(next(v for k, v in patch.items() if k != "reasoning")):
             # the first item stands on no trajectory; the others on one or two
@@ -180,8 +220,9 @@ class _Server(ThreadingHTTPServer):
 
 
 class OptimizerServer:
-    def __init__(self, script=None) -> None:
+    def __init__(self, script=None, reword: bool = False) -> None:
         self.script = script
+        self.reword = reword  # seeded draws word the same rules differently (seeded_items)
         self.requests: list[dict] = []
         self.authorizations: list[str | None] = []  # each request's Authorization header, in order
         self._lock = threading.Lock()
@@ -206,8 +247,11 @@ class OptimizerServer:
                     server.requests.append(request)
                     server.authorizations.append(self.headers.get("Authorization"))
                     number = len(server.requests)
-                response = (server.script(request, number) if server.script else None) or Response(
-                    body=chat_body(json.dumps(default_reply(request)))
+                if self.path.rstrip("/").endswith("/embeddings"):  # a chat-only server, like many
+                    response = Response(status=404, body={"error": {"message": "Not Found"}})
+                response = (server.script(request, number) if server.script else None) or (
+                    response if self.path.rstrip("/").endswith("/embeddings") else None) or Response(
+                    body=judge_reply(request) or chat_body(json.dumps(default_reply(request, server.reword)))
                 )
                 if response.delay_s:
                     time.sleep(response.delay_s)
