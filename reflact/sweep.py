@@ -171,16 +171,18 @@ def status_of_children(store, sweep: SweepDir, failed: bool) -> str:
     """KILLED if a job was stopped; FAILED if one failed (`failed`: also one without a run, or the
     sweep aborted); else FINISHED.
     Also logs the parent's metrics over its jobs, so a collapsed sweep still charts."""
-    from reflact.report import sweep_runs
+    from reflact.report import finished, sweep_runs
 
     runs = sweep_runs(store.client, sweep.parent_record().get("sweep_id", ""))
     statuses = list(runs["status"]) if "status" in runs else []
     metrics = {"jobs": len(statuses), **{f"jobs_{s.lower()}": statuses.count(s) for s in ("FINISHED", "FAILED",
                                                                                             "KILLED")}}
-    for key, how in (("cost_usd", "sum"), ("spent_usd", "sum"), ("calls", "sum"), ("edits_kept", "mean"),
-                     ("apply_share", "mean"), ("redundancy", "mean"), ("agreement", "mean")):
-        if key in runs and runs[key].notna().any():
-            metrics[f"{key}_{how}"] = float(getattr(runs[key], how)())
+    # what was spent counts every job; a mean is over the finished ones (a failed job's figures are no result)
+    for key, how, over in (("cost_usd", "sum", runs), ("spent_usd", "sum", runs), ("calls", "sum", runs),
+                           *((key, "mean", finished(runs)) for key in ("edits_kept", "apply_share", "redundancy",
+                                                                        "agreement"))):
+        if key in over and over[key].notna().any():
+            metrics[f"{key}_{how}"] = float(getattr(over[key], how)())
     store.log_metrics([(k, float(v), 0) for k, v in metrics.items()], _now_ms())
     if "KILLED" in statuses:
         return "KILLED"
