@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROJECT, run_cli, start_mlflow_server, stop
+from reflact.rundir import SweepDir
+from tests.conftest import PROJECT, run_cli, start_mlflow_server, stop, write_dataset
 from tests.optimizer_server import OptimizerServer, Response
 
 MS = (2, 4, 8)
@@ -523,8 +524,6 @@ def test_a_failed_job_lets_the_others_run_and_a_fixed_rerun_resumes(tmp_path, la
     sweep exits 1 with one line naming job #0, the parent is FAILED and the grid marks the cell.
     The same command against a working server, with another key variable and price (settings
     that cannot change results), resumes in the same dirs: only job #0's calls, FINISHED."""
-    from tests.conftest import write_dataset
-
     data = write_dataset(tmp_path / "data", n_fail=3, n_succ=1)
     budgets = ("reflect.edit_budget=1,2,3,4",)
     with OptimizerServer(script=refuse_budget(1)) as server:
@@ -562,8 +561,6 @@ def test_a_failed_job_lets_the_others_run_and_a_fixed_rerun_resumes(tmp_path, la
 def test_joblib_sweep_records_failed_runs_and_mistakes_and_runs_the_rest(tmp_path, launch_dir):
     """In parallel jobs too: of M=0,2 x L=1,3 the M=0 jobs stop on their own mistake (exit 2 alone)
     and the L=3 job's run fails; the one good job still finishes and the line names the other three."""
-    from tests.conftest import write_dataset
-
     data = write_dataset(tmp_path / "data", n_fail=3, n_succ=1)
     with OptimizerServer(script=refuse_budget(3)) as server:
         done = failing_sweep(server, launch_dir, data, "reflect.minibatch_size=0,2", "reflect.edit_budget=1,3",
@@ -578,3 +575,65 @@ def test_joblib_sweep_records_failed_runs_and_mistakes_and_runs_the_rest(tmp_pat
     [parent], children = partial_state(launch_dir)
     assert parent.info.status == "FAILED"
     assert children == {1: "FINISHED", 3: "FAILED"}  # the M=0 jobs never got as far as a run
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. settings that cannot change results never make a sweep dir refuse
+
+
+def composed(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from reflact import config as reflact_config
+
+    reflact_config.register()
+    with initialize_config_dir(config_dir=str(PROJECT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=["+exp=demo", *overrides], return_hydra_config=True)
+
+
+NEUTRAL = ("optimizer.api_key_env=OTHER_KEY", "optimizer.prices.gpt-5.input=9", "+optimizer.prices.test={input:1}",
+           "optimizer.timeout_s=5", "optimizer.retry.max_attempts=1", "optimizer.rpm=10", "optimizer.tpm=1000",
+           "optimizer.base_url=http://127.0.0.1:9/v1", "optimizer.max_cost_usd=1", "optimizer.cache=off",
+           "reflect.workers=2", "mlflow.trace_calls=false", "analysis.max_items=5", "analysis.match_threshold=0.5")
+
+
+@pytest.mark.parametrize("override", NEUTRAL)
+def test_a_setting_that_cannot_change_results_resumes_the_sweep(tmp_path, override):
+    """The same sweep dir takes it, its job folder has the same name, and no patch fingerprint sees it."""
+    from reflact.rundir import fingerprint
+    from reflact.sweep import _typed, check_identity, sweep_settings
+
+    sweep = SweepDir(tmp_path)
+    base, changed = composed(), composed(override)
+    check_identity(sweep, *sweep_settings(base))
+    check_identity(sweep, *sweep_settings(changed))  # no UserError
+    assert changed.hydra.job.override_dirname == base.hydra.job.override_dirname == "+exp=demo"
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    assert fingerprint(_typed(changed), messages) == fingerprint(_typed(base), messages)
+
+
+@pytest.mark.parametrize("override, key", [("optimizer.temperature=1", "optimizer.temperature"),
+                                           ("optimizer.max_output_tokens=100", "optimizer.max_output_tokens"),
+                                           ("reflect.failure_only=true", "reflect.failure_only"),
+                                           ("optimizer.model=other", "optimizer.model")])
+def test_a_setting_that_changes_results_still_refuses_naming_the_key(tmp_path, override, key):
+    from reflact.errors import UserError
+    from reflact.sweep import check_identity, sweep_settings
+
+    sweep = SweepDir(tmp_path)
+    check_identity(sweep, *sweep_settings(composed()))
+    with pytest.raises(UserError, match=re.escape(key)):
+        check_identity(sweep, *sweep_settings(composed(override)))
+    assert key in composed(override).hydra.job.override_dirname  # and it names its own job folder
+
+
+def test_a_sweep_dir_made_before_keeps_no_unchanging_setting_against_a_rerun(tmp_path):
+    """sweep.json of an older reflact fixed the key variable and prices too: they are not compared."""
+    from reflact.sweep import check_identity, sweep_settings
+
+    sweep = SweepDir(tmp_path)
+    fixed, swept = sweep_settings(composed())
+    sweep.write_identity({"fixed": {**fixed, "optimizer.api_key_env": "OLD", "optimizer.prices.gpt-5.input": "1.0"},
+                          "swept": swept})
+    check_identity(sweep, fixed, swept)
+    assert "optimizer.api_key_env" not in sweep.identity()["fixed"]
