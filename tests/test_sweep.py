@@ -383,7 +383,7 @@ def test_report_cli_rebuilds_the_grid(sweeps):
         rows = list(csv.DictReader(handle))
     assert len(rows) == 9
     assert {(int(r["M"]), int(r["L"])) for r in rows} == GRID
-    assert all(int(r["seeds"]) == 1 for r in rows)
+    assert all((r["finished"], r["failed"], r["missing"]) == ("1", "0", "0") for r in rows)
     assert all(r["mode"] == "patch" for r in rows)
     children = by_cell(sweeps["steps"]["resume_cache_off"]["mlflow"]["children"])
     for row in rows:
