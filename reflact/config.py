@@ -217,9 +217,39 @@ class ReflactConfig:
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
 
 
+# Settings that cannot change a run's patches, each with everything under it: where the calls go
+# and with which key, how they are paced, retried, capped and priced, the response cache, tracking,
+# the analysis after the stage, the sweep's name. None of them reaches the patch fingerprint
+# (rundir.fingerprint: the model, mode, L, decoding, draw and the messages, which the data, reflect
+# and prompts settings build); they only decide whether a call succeeds and what is recorded of it,
+# and a rerun redoes what failed. A sweep leaves them out of its fixed settings and (with Hydra's
+# launch keys) of its job folder names, so changing one resumes the sweep.
+UNCHANGING = ("name", "optimized_metric", "reflect.workers", "optimizer.base_url", "optimizer.azure.endpoint",
+              "optimizer.api_key_env", "optimizer.timeout_s", "optimizer.retry", "optimizer.rpm", "optimizer.tpm",
+              "optimizer.max_cost_usd", "optimizer.prices", "optimizer.cache", "optimizer.cache_path", "mlflow",
+              "analysis")
+LAUNCH = ("hydra", "cluster")  # override keys that choose where and how jobs run, not what they do
+
+
+def unchanging(key: str) -> bool:
+    """Whether a setting (`section.key`, as in params) is one of UNCHANGING or under one."""
+    return any(key == name or key.startswith(name + ".") for name in UNCHANGING)
+
+
+def unchanging_overrides(overrides) -> list[str]:
+    """The keys of the overrides that leave the results alone, for Hydra's override_dirname.exclude_keys
+    (which matches whole keys: a price override names its model, +optimizer.prices.<model>=...)."""
+    with one_at_a_time():
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    keys = [o.key_or_group for o in OverridesParser.create().parse_overrides(list(overrides))]
+    return [key for key in keys if unchanging(key) or key.replace("/", ".").split(".")[0] in LAUNCH]
+
+
 def register() -> None:
-    """Make the schema available to conf/config.yaml's defaults list, and `${shipped:demo}`
-    to configs that name files shipped with reflact (the demo dataset), wherever it is installed."""
+    """Make the schema available to conf/config.yaml's defaults list, `${shipped:demo}` to configs
+    that name files shipped with reflact (the demo dataset), wherever it is installed, and
+    `${unchanging:...}` to its job folder names."""
     with one_at_a_time():
         from hydra.core.config_store import ConfigStore
         from omegaconf import OmegaConf
@@ -229,6 +259,8 @@ def register() -> None:
     ConfigStore.instance().store(name="reflact_schema", node=ReflactConfig)
     if not OmegaConf.has_resolver("shipped"):
         OmegaConf.register_new_resolver("shipped", lambda name: str(shipped_dir(name)))
+    if not OmegaConf.has_resolver("unchanging"):
+        OmegaConf.register_new_resolver("unchanging", unchanging_overrides)
 
 
 def from_hydra(dict_cfg) -> tuple[ReflactConfig, dict[str, str]]:

@@ -12,6 +12,7 @@ from typing import Callable, TypeVar
 
 from reflact.imports import one_at_a_time
 
+
 T = TypeVar("T")
 
 
@@ -21,6 +22,11 @@ class UserError(Exception):
 
 class RunFailed(Exception):
     """The run ended FAILED (exit code 1): the message says why and what to check."""
+
+
+class JobFailed(Exception):
+    """A sweep's job ended FAILED or on a mistake (its line already printed): Hydra records it as
+    the job's failure, the sweep records it and runs its other jobs, then ends FAILED (exit code 1)."""
 
 
 class Stopped(KeyboardInterrupt):
@@ -85,14 +91,36 @@ def exits_on_user_error(command: Callable[..., T]) -> Callable[..., T]:
         except KeyboardInterrupt as exc:
             print(f"reflact: {exc if isinstance(exc, Stopped) else 'interrupted'}", file=sys.stderr)
             raise SystemExit(getattr(exc, "exit_code", 130)) from None
-        except RunFailed as exc:
-            print(f"reflact: run failed: {exc}", file=sys.stderr)
-            raise SystemExit(1) from None
         except Exception as exc:  # noqa: BLE001 - mistakes get one line; bugs keep their traceback
-            message = user_error_message(exc)
-            if message is None:
-                raise
-            print(f"reflact: error: {message}", file=sys.stderr)
-            raise SystemExit(2) from None
+            line, code = _ending(exc)
+            print(f"reflact: {line}", file=sys.stderr)
+            raise SystemExit(code) from None
 
     return guarded
+
+
+def fails_the_job(command: Callable[..., T]) -> Callable[..., T]:
+    """Wraps a sweep's job: a failed run or a mistake prints its one line and raises JobFailed
+    instead of exiting, so Hydra records the job as failed and the launcher runs the next one
+    (an exit would end the whole sweep). Ctrl-C and SIGTERM are left to exits_on_user_error."""
+
+    @functools.wraps(command)
+    def guarded(*args, **kwargs) -> T:
+        try:
+            return command(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - bugs keep their traceback
+            line, _ = _ending(exc)
+            print(f"reflact: {line}", file=sys.stderr)
+            raise JobFailed(line) from None
+
+    return guarded
+
+
+def _ending(exc: Exception) -> tuple[str, int]:
+    """(the one line, the exit code) of a failed run or a user mistake; a bug is raised again."""
+    if isinstance(exc, RunFailed):
+        return f"run failed: {exc}", 1
+    message = user_error_message(exc)
+    if message is None:
+        raise exc
+    return f"error: {message}", 2

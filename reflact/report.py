@@ -4,8 +4,10 @@ Runs after every multirun (from the sweep callback) and by hand for any sweep in
 
     python -m reflact.report SWEEP_ID [--tracking-uri URI] [--out DIR]
 
-SWEEP_ID is the sweep's folder as tagged on its runs (e.g. outputs/sweeps/demo). Next to M and L
-come the analysis figures (reflact.analysis): agreement over draws, redundancy and distinct items
+SWEEP_ID is the sweep's folder as tagged on its runs (e.g. outputs/sweeps/demo). A cell's figures
+are over its FINISHED jobs only; beside them, how many of its jobs finished, failed (FAILED, KILLED,
+left RUNNING) or are missing (fewer than the fullest cell has, or none), and a cell without a
+finished job says failed or missing instead of a figure. Next to M and L come the analysis figures (reflact.analysis): agreement over draws, redundancy and distinct items
 (mean and spread of the jobs' metrics), and the seed agreement of the cell, computed from the jobs'
 run dirs when they are on this machine (else left empty) and logged to the parent run.
 """
@@ -21,9 +23,12 @@ from reflact.errors import UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
 from reflact.modes import mode_by_number
 
-METRICS = ("edits_kept", "edits_truncated", "parse_failures", "tokens", "cost_usd", "wall_time_s")
+# apply_share (the run's own metric: the share of kept edits that would apply) beside edits kept
+METRICS = ("edits_kept", "apply_share", "edits_truncated", "parse_failures", "tokens", "cost_usd", "wall_time_s")
 # the analysis's run metrics: missing is not 0 (agreement needs two draws), so never filled in
 ANALYSED = ("agreement", "redundancy", "distinct_edits")
+UNFILLED = ("apply_share", *ANALYSED)  # likewise apply_share, counted in patch mode only
+JOBS = ("finished", "failed", "missing")  # a cell's jobs by how they ended
 SEED_AGREEMENT = "seed_agreement"
 PAGE = 1000  # runs per search request; every page is read
 
@@ -51,29 +56,47 @@ def derived(runs):
     m = runs.reindex(columns=["edits_kept", "edits_truncated", "reasks", "minibatches_failed", "tokens_prompt",
                               "tokens_completion", "cost_usd", "wall_time_s"]).fillna(0.0)
     m = m.assign(parse_failures=m.reasks + m.minibatches_failed, tokens=m.tokens_prompt + m.tokens_completion)
-    return m.join(runs.reindex(columns=list(ANALYSED)))
+    return m.join(runs.reindex(columns=list(UNFILLED)))
+
+
+def finished(runs):
+    """The jobs that FINISHED (a store without statuses: all of them)."""
+    return runs[runs["status"] == "FINISHED"] if "status" in runs else runs
 
 
 def grid_rows(runs) -> list[dict]:
-    """One row per (mode, M, L): the number of seeds, and mean and spread of each metric."""
+    """One row per (mode, M, L): its jobs finished, failed and missing, and the mean and spread of
+    each metric over the finished ones (NaN when none finished); also a row for each cell of the
+    M x L grid of a mode that has no job at all."""
     if runs.empty or not {"M", "L", "mode"} <= set(runs.columns):
         return []
     runs = runs.dropna(subset=["M", "L", "mode"])
-    columns = [*ANALYSED, *METRICS]
-    cells = derived(runs)[columns].assign(
-        mode=[mode_by_number(int(n)).name for n in runs["mode"]], M=runs["M"].astype(int), L=runs["L"].astype(int))
-    grouped = cells.groupby(["mode", "M", "L"], sort=True)
-    means, spreads, sizes = grouped.mean(), grouped.std(), grouped.size()
+    cells = derived(runs)[[*ANALYSED, *METRICS]].assign(
+        mode=[mode_by_number(int(n)).name for n in runs["mode"]], M=runs["M"].astype(int), L=runs["L"].astype(int),
+        done=runs["status"] == "FINISHED" if "status" in runs else True)
+    groups = dict(iter(cells.groupby(["mode", "M", "L"], sort=True)))
+    fullest = max(len(group) for group in groups.values())
     rows = []
-    for (mode, M, L), size in sizes.items():
-        # the seed agreement is one figure per cell, filled in from the run dirs (add_seed_agreement)
-        row = {"mode": mode, "M": int(M), "L": int(L), "seeds": int(size), SEED_AGREEMENT: float("nan")}
-        for metric in columns:
-            mean, spread = float(means.at[(mode, M, L), metric]), float(spreads.at[(mode, M, L), metric])
-            # one seed has no spread; an analysis figure no job has stays empty (NaN)
-            row[f"{metric}_mean"], row[f"{metric}_std"] = mean, 0.0 if size == 1 and mean == mean else spread
-        rows.append(row)
+    for mode in sorted({key[0] for key in groups}):
+        ms, ls = (sorted({key[i] for key in groups if key[0] == mode}) for i in (1, 2))
+        rows += [_cell_row(mode, M, L, groups.get((mode, M, L)), fullest) for M in ms for L in ls]
     return rows
+
+
+def _cell_row(mode: str, M: int, L: int, group, fullest: int) -> dict:
+    done = group[group["done"]] if group is not None else None
+    n_done, n_jobs = (0, 0) if group is None else (len(done), len(group))
+    # the seed agreement is one figure per cell, filled in from the run dirs (add_seed_agreement)
+    row = {"mode": mode, "M": int(M), "L": int(L), "finished": n_done, "failed": n_jobs - n_done,
+           "missing": fullest - n_jobs, SEED_AGREEMENT: float("nan")}
+    for metric in (*ANALYSED, *METRICS):
+        mean = spread = float("nan")  # no finished job: no figure
+        if n_done:
+            mean, spread = float(done[metric].mean()), float(done[metric].std())
+            # one job has no spread; a figure no finished job has stays empty (NaN)
+            spread = 0.0 if n_done == 1 and mean == mean else spread
+        row[f"{metric}_mean"], row[f"{metric}_std"] = mean, spread
+    return row
 
 
 def add_seed_agreement(rows: list[dict], runs) -> dict[str, float]:
@@ -102,16 +125,19 @@ def write_table(rows: list[dict], out: Path) -> tuple[Path, Path]:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows({k: "" if _missing(v) else v for k, v in row.items()} for row in rows)
-    header = ["mode", "M", "L", "seeds", "matcher", *PANELS]
+    header = ["mode", "M", "L", "jobs finished/failed/missing", "matcher", *PANELS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [row["mode"], str(row["M"]), str(row["L"]), str(row["seeds"]), row.get("matcher", "–")]
+        cells = [row["mode"], str(row["M"]), str(row["L"]), "/".join(str(row[key]) for key in JOBS),
+                 row.get("matcher", "–")]
         cells += [_shown(row, metric, "{:.4g} ± {:.2g}") for metric in PANELS]
         lines.append("| " + " | ".join(cells) + " |")
-    md_path.write_text("Mean ± standard deviation over seeds; seed_agreement is one figure per cell; – where "
-                       "a figure is not defined (agreement needs optimizer.samples >= 2, seed agreement two "
-                       "seeds and the run dirs); matcher: the one the jobs' analyses used for agreement, "
-                       "redundancy and distinct edits (seed_agreement here is lexical).\n\n" + "\n".join(lines) + "\n", encoding="utf-8")
+    md_path.write_text("Mean ± standard deviation over each cell's finished jobs (seeds); seed_agreement is one "
+                       "figure per cell; a cell with no finished job shows failed or missing (missing: fewer jobs "
+                       "than the fullest cell); – where a figure is not defined (agreement needs "
+                       "optimizer.samples >= 2, apply_share patch mode, seed agreement two seeds and the run "
+                       "dirs); matcher: the one the jobs' analyses used for agreement, redundancy and distinct "
+                       "edits (seed_agreement here is lexical).\n\n" + "\n".join(lines) + "\n", encoding="utf-8")
     return csv_path, md_path
 
 
@@ -131,6 +157,8 @@ def _value(row: dict, metric: str) -> tuple[float, float | None]:
 
 def _shown(row: dict, metric: str, form: str) -> str:
     mean, spread = _value(row, metric)
+    if not row["finished"]:
+        return "failed" if row["failed"] else "missing"
     if _missing(mean):
         return "–"
     return f"{mean:.4g}" if spread is None else form.format(mean, spread)
@@ -153,7 +181,7 @@ def write_picture(rows: list[dict], out: Path) -> list[Path]:
             _heatmap(fig, ax, cells, metric)
         for ax in axes.flat[len(PANELS):]:
             ax.axis("off")
-        fig.suptitle(f"{mode}: mean ± std over seeds")
+        fig.suptitle(f"{mode}: mean ± std over each cell's finished jobs")
         fig.tight_layout()
         path = out / f"grid_{mode}.png"
         fig.savefig(path, dpi=110)
@@ -188,14 +216,14 @@ def report_sweep(client, sweep_id: str, out: Path, parent_run_id: str | None = N
     rows = grid_rows(runs)
     if not rows:
         return []
-    seed_metrics = add_seed_agreement(rows, runs)
+    seed_metrics = add_seed_agreement(rows, finished(runs))
     paths = [*write_table(rows, out), *write_picture(rows, out)]
     if parent_run_id:
         for path in paths:
             client.log_artifact(parent_run_id, str(path), "report")
         for key, value in seed_metrics.items():
             client.log_metric(parent_run_id, key, value)
-        client.set_tag(parent_run_id, "reflact.sweep_jobs", str(sum(r["seeds"] for r in rows)))
+        client.set_tag(parent_run_id, "reflact.sweep_jobs", str(sum(r["finished"] + r["failed"] for r in rows)))
     return paths
 
 

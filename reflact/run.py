@@ -17,25 +17,31 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from reflact import config, shipped
-from reflact.errors import RunFailed, exits_on_user_error, raise_stopped_on_sigterm
+from reflact.errors import RunFailed, exits_on_user_error, fails_the_job, raise_stopped_on_sigterm
 from reflact.imports import one_at_a_time
 
 
 @hydra.main(config_path=str(shipped.conf_dir()), config_name="config", version_base="1.3")
-@exits_on_user_error  # inside the job too: Hydra would wrap a mistake in its own report
 def _job(dict_cfg: DictConfig) -> float | None:
     with one_at_a_time():
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    # inside the job too: Hydra would wrap a mistake in its own report; in a sweep a failed job
+    # is the sweep's to record (reflact.sweep), so that the other jobs still run
+    job = exits_on_user_error(fails_the_job(_run) if multirun else _run)
+    return job(dict_cfg, hc, multirun)
+
+
+def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool) -> float | None:
     from reflact.api import run
     from reflact.experiment import Launch
     from reflact.summary import optimized_value
 
-    hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     cfg, params = config.from_hydra(dict_cfg)
-    multirun = hc.mode == RunMode.MULTIRUN
     launch = Launch(Path(hydra.utils.get_original_cwd()), Path(hc.sweep.dir).resolve() if multirun else None,
                     hc.job.num if multirun else None, tuple(hc.overrides.task),
                     record_config=lambda: _record_config(dict_cfg, hc, run_dir))

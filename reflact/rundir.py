@@ -297,12 +297,15 @@ class SweepDir:
 
         mlflow_parent.json   the sweep's MLflow parent run
         sweep.json           the settings its jobs share (and those they sweep)
+        failed_jobs/<n>.json each job of the latest multirun that failed: its number, overrides,
+                             run dir and why (the multirun's end names them)
         report/              the grid report
     """
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.report = self.root / "report"
+        self._failed = self.root / "failed_jobs"
 
     def parent_record(self) -> dict:
         return _object(read_json(self.root / "mlflow_parent.json")) or {}
@@ -315,6 +318,20 @@ class SweepDir:
 
     def write_identity(self, identity: dict) -> None:
         write_json(self.root / "sweep.json", identity)
+
+    def write_failed_job(self, number: int, record: dict) -> None:
+        """One file per job: parallel jobs of a launcher's workers each write their own."""
+        write_json(self._failed / f"{number}.json", {"job": number, **record})
+
+    def failed_jobs(self) -> list[dict]:
+        """The latest multirun's failed jobs, by number."""
+        records = [_object(read_json(path)) for path in self._failed.glob("*.json")]
+        return sorted((r for r in records if r and isinstance(r.get("job"), int)), key=lambda r: r["job"])
+
+    def clear_failed_jobs(self) -> None:
+        """A new multirun numbers its jobs afresh: the failures of the one before go."""
+        for path in self._failed.glob("*.json"):
+            path.unlink()
 
     def is_sweep(self) -> bool:
         return (self.root / "sweep.json").is_file() or (self.root / "mlflow_parent.json").is_file()

@@ -7,18 +7,23 @@ is refused, so a sweep's runs and its grid report never mix them. Opening the pa
 the experiment, which migrates a fresh sqlite store once, before parallel jobs could race on it.
 Hydra only warns when a callback raises an Exception, so jobs do not rely on the parent: each
 also carries the sweep id as a tag, and `python -m reflact.report` groups by that tag.
+
+A job that fails (its run FAILED, or a mistake in its own settings) is recorded and the other
+jobs run; the multirun then ends FAILED with exit code 1 and one line naming the failed jobs.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from reflact.errors import UserError, exits_on_user_error
+from reflact.config import unchanging
+from reflact.errors import JobFailed, UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
 from reflact.rundir import SweepDir
 
@@ -34,17 +39,40 @@ class MlflowSweep(Callback):
         sweep_dir, launch_dir = _where(config)
         fixed, swept = sweep_settings(config)
         check_identity(SweepDir(sweep_dir), fixed, swept)
+        SweepDir(sweep_dir).clear_failed_jobs()
         if config.mlflow.enabled:
             self._start_parent(config, sweep_dir, launch_dir, fixed, swept)
 
-    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        if self._open is None:
-            return
-        from reflact.report import report_sweep
+    def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
+        """Runs where the job ran (in a launcher's worker too). A job that failed as a run or on a
+        mistake (JobFailed, its line printed) is recorded in the sweep dir and handed back as
+        completed, its failure as its value: a sweeper raises a failed job's exception when it
+        reads the value (after the batch, or at once), which would end the sweep; Optuna still
+        counts the trial failed (the value is no number). A bug keeps Hydra's way: its traceback."""
+        with one_at_a_time():
+            from hydra.core.utils import JobStatus
 
-        store, sweep = self._open
-        report_sweep(store.client, sweep.parent_record()["sweep_id"], sweep.report, store.run_id)
-        self._end(status_of_children(store, sweep, aborted=False))
+        failure = job_return._return_value  # the public property raises it
+        if job_return.status != JobStatus.FAILED or not isinstance(failure, JobFailed):
+            return
+        SweepDir(Path(config.hydra.sweep.dir).resolve()).write_failed_job(
+            int(config.hydra.job.num), {"overrides": list(config.hydra.overrides.task),
+                                        "run_dir": config.hydra.runtime.output_dir, "reason": str(failure)})
+        job_return.status = JobStatus.COMPLETED
+        job_return.return_value = failure
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        sweep = SweepDir(_where(config)[0])
+        failed = sweep.failed_jobs()
+        if self._open is not None:
+            from reflact.report import report_sweep
+
+            store, _ = self._open
+            report_sweep(store.client, sweep.parent_record()["sweep_id"], sweep.report, store.run_id)
+            self._end(status_of_children(store, sweep, failed=bool(failed)))
+        if failed:
+            print(f"reflact: sweep failed: {failed_jobs_line(failed, sweep)}", file=sys.stderr)
+            raise SystemExit(1)  # not an Exception: Hydra would only warn
 
     def _start_parent(self, config: DictConfig, sweep_dir: Path, launch_dir: Path, fixed: dict, swept: dict) -> None:
         from reflact.tracking import Store, sweep_id, tracking_uri
@@ -70,7 +98,7 @@ class MlflowSweep(Callback):
         if self._open is not None:
             store, sweep = self._open
             try:
-                self._end(status_of_children(store, sweep, aborted=True))
+                self._end(status_of_children(store, sweep, failed=True))
             except Exception as exc:  # noqa: BLE001 - the process is ending: say so, do not raise
                 log.warning("could not end the sweep's MLflow parent run %s: %s", store.run_id, exc)
 
@@ -82,7 +110,7 @@ class MlflowSweep(Callback):
 
 def sweep_settings(config: DictConfig) -> tuple[dict[str, str], dict[str, list[str]]]:
     """(the settings every job shares, as params; the swept keys and their values). Settings that do
-    not change results (the keys left out of job folder names: workers, cache, tracking...) are left out."""
+    not change results (reflact.config.UNCHANGING: workers, key variable, prices, tracking...) are left out."""
     with one_at_a_time():
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -97,9 +125,7 @@ def sweep_settings(config: DictConfig) -> tuple[dict[str, str], dict[str, list[s
             swept[override.key_or_group] = swept_values(override)
         else:
             swept.pop(override.key_or_group, None)
-    ignored = set(config.hydra.job.config.override_dirname.exclude_keys) | set(swept)
-    fixed = {k: v for k, v in params(_typed(config)).items()
-             if k not in ignored and not k.startswith("mlflow.") and k != "name"}
+    fixed = {k: v for k, v in params(_typed(config)).items() if k not in swept and not unchanging(k)}
     return fixed, swept
 
 
@@ -126,32 +152,45 @@ def check_identity(sweep: SweepDir, fixed: dict[str, str], swept: dict[str, list
     earlier = sweep.identity()
     old = earlier.get("fixed", {})
     may_vary = set(GRID_AXES) | set(earlier.get("swept", {})) | set(swept)
-    # a setting set on one side only differs too (params leave unset settings out)
-    differing = [k for k in sorted(set(old) | set(fixed)) if old.get(k) != fixed.get(k) and k not in may_vary]
+    # a setting set on one side only differs too (params leave unset settings out); a dir made
+    # before a setting counted as unchanging may still hold it: it is not compared
+    differing = [k for k in sorted(set(old) | set(fixed))
+                 if old.get(k) != fixed.get(k) and k not in may_vary and not unchanging(k)]
     if earlier and differing:
         shown = "; ".join(f"{k}: {old.get(k, 'unset')!r} there, {fixed.get(k, 'unset')!r} now" for k in differing[:3])
         raise UserError(f"{sweep.root} holds a sweep with other fixed settings ({shown}); give this sweep its own "
                         "name=... (or hydra.sweep.dir=...)")
+    old = {k: v for k, v in old.items() if not unchanging(k)}
     sweep.write_identity({"fixed": {**old, **fixed}, "swept": {**earlier.get("swept", {}), **swept}})
 
 
-def status_of_children(store, sweep: SweepDir, aborted: bool) -> str:
-    """KILLED if a job was stopped; FAILED if one failed (or the sweep aborted); else FINISHED.
+def failed_jobs_line(failed: list[dict], sweep: SweepDir) -> str:
+    """The failed jobs, by number and overrides, with what to do: one line."""
+    shown = "; ".join(f"#{r['job']} {' '.join(r.get('overrides', []))} ({r.get('reason', '')})" for r in failed)
+    return (f"{len(failed)} job(s) failed, the others ran: {shown}; their run dirs are under {sweep.root}, "
+            "and the same command again redoes only what is missing")
+
+
+def status_of_children(store, sweep: SweepDir, failed: bool) -> str:
+    """KILLED if a job was stopped; FAILED if one failed (`failed`: also one without a run, or the
+    sweep aborted); else FINISHED.
     Also logs the parent's metrics over its jobs, so a collapsed sweep still charts."""
-    from reflact.report import sweep_runs
+    from reflact.report import finished, sweep_runs
 
     runs = sweep_runs(store.client, sweep.parent_record().get("sweep_id", ""))
     statuses = list(runs["status"]) if "status" in runs else []
     metrics = {"jobs": len(statuses), **{f"jobs_{s.lower()}": statuses.count(s) for s in ("FINISHED", "FAILED",
                                                                                             "KILLED")}}
-    for key, how in (("cost_usd", "sum"), ("spent_usd", "sum"), ("calls", "sum"), ("edits_kept", "mean"),
-                     ("apply_share", "mean"), ("redundancy", "mean"), ("agreement", "mean")):
-        if key in runs and runs[key].notna().any():
-            metrics[f"{key}_{how}"] = float(getattr(runs[key], how)())
+    # what was spent counts every job; a mean is over the finished ones (a failed job's figures are no result)
+    for key, how, over in (("cost_usd", "sum", runs), ("spent_usd", "sum", runs), ("calls", "sum", runs),
+                           *((key, "mean", finished(runs)) for key in ("edits_kept", "apply_share", "redundancy",
+                                                                        "agreement"))):
+        if key in over and over[key].notna().any():
+            metrics[f"{key}_{how}"] = float(getattr(over[key], how)())
     store.log_metrics([(k, float(v), 0) for k, v in metrics.items()], _now_ms())
     if "KILLED" in statuses:
         return "KILLED"
-    return "FAILED" if aborted or "FAILED" in statuses or "RUNNING" in statuses else "FINISHED"
+    return "FAILED" if failed or "FAILED" in statuses or "RUNNING" in statuses else "FINISHED"
 
 
 def _typed(config: DictConfig):

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROJECT, run_cli, start_mlflow_server, stop
-from tests.optimizer_server import OptimizerServer
+from reflact.rundir import SweepDir
+from tests.conftest import PROJECT, run_cli, start_mlflow_server, stop, write_dataset
+from tests.optimizer_server import OptimizerServer, Response
 
 MS = (2, 4, 8)
 LS = (1, 2, 4)
@@ -382,7 +383,7 @@ def test_report_cli_rebuilds_the_grid(sweeps):
         rows = list(csv.DictReader(handle))
     assert len(rows) == 9
     assert {(int(r["M"]), int(r["L"])) for r in rows} == GRID
-    assert all(int(r["seeds"]) == 1 for r in rows)
+    assert all((r["finished"], r["failed"], r["missing"]) == ("1", "0", "0") for r in rows)
     assert all(r["mode"] == "patch" for r in rows)
     children = by_cell(sweeps["steps"]["resume_cache_off"]["mlflow"]["children"])
     for row in rows:
@@ -481,3 +482,158 @@ def test_demo_grid_preset_composes_a_sweep_over_m_l_and_seed():
         for m, l, s in itertools.product(MS, LS, (1, 2, 3))
     }
     assert set(jobs) == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. a failed job is recorded and the rest of the sweep runs
+
+
+def refuse_budget(budget: int):
+    """A server script refusing every request of the job with L=budget (404, never retried with
+    optimizer.retry.max_attempts=1): that job's run ends FAILED, the others are answered."""
+    return lambda request, n: Response(status=404, body={}) if f"at most L={budget}" in request["messages"][1][
+        "content"] else None
+
+
+def failing_sweep(server: OptimizerServer, launch: Path, data: Path, *extra: str):
+    return run_cli("-m", f"data.dir={data}", "optimizer=compatible", f"optimizer.base_url={server.base_url}",
+                   "optimizer.model=test", "optimizer.retry.max_attempts=1", "reflect.minibatch_size=2",
+                   "name=partial", *extra, cwd=launch)
+
+
+def partial_state(launch: Path) -> tuple[list, dict]:
+    """(the sweep's parents, its children's status by L)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=sqlite_uri(launch))
+    runs = client.search_runs([client.get_experiment_by_name("reflact").experiment_id])
+    parents = [r for r in runs if r.data.tags.get("reflact.sweep_parent") == "true"]
+    children = {int(r.data.params["reflect.edit_budget"]): r.info.status for r in runs
+                if r.data.tags.get("reflact.sweep_parent") != "true"}
+    return parents, children
+
+
+def the_one_line(stderr: str) -> str:
+    [line] = [line for line in stderr.splitlines() if line.startswith("reflact: sweep failed:")]
+    return line
+
+
+@pytest.mark.slow
+def test_a_failed_job_lets_the_others_run_and_a_fixed_rerun_resumes(tmp_path, launch_dir):
+    """Four jobs, job #0 (L=1) refused by the server: the other three still run to FINISHED, the
+    sweep exits 1 with one line naming job #0, the parent is FAILED and the grid marks the cell.
+    The same command against a working server, with another key variable and price (settings
+    that cannot change results), resumes in the same dirs: only job #0's calls, FINISHED."""
+    data = write_dataset(tmp_path / "data", n_fail=3, n_succ=1)
+    budgets = ("reflect.edit_budget=1,2,3,4",)
+    with OptimizerServer(script=refuse_budget(1)) as server:
+        failed = failing_sweep(server, launch_dir, data, *budgets, "optimizer.api_key_env=KEY_A",
+                               "+optimizer.prices.test={input:1,output:2}")
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert "Traceback" not in failed.stderr
+    line = the_one_line(failed.stderr)
+    assert "#0 " in line and "reflect.edit_budget=1" in line and "#1 " not in line, line
+    [parent], children = partial_state(launch_dir)
+    assert parent.info.status == "FAILED"
+    assert children == {1: "FAILED", 2: "FINISHED", 3: "FINISHED", 4: "FINISHED"}
+    sweep_dir = launch_dir / "outputs" / "sweeps" / "partial"
+    with open(sweep_dir / "report" / "grid.csv", newline="", encoding="utf-8") as handle:
+        grid = {int(r["L"]): r for r in csv.DictReader(handle)}
+    assert (grid[1]["finished"], grid[1]["failed"], grid[1]["edits_kept_mean"]) == ("0", "1", "")
+    assert all(grid[l]["finished"] == "1" and float(grid[l]["edits_kept_mean"]) > 0 for l in (2, 3, 4))
+    assert all(float(grid[l]["apply_share_mean"]) == 1.0 for l in (2, 3, 4))  # every test edit applies
+    assert "| 0/1/0 | failed |" in (sweep_dir / "report" / "grid.md").read_text(encoding="utf-8")
+    dirs = sorted(p.name for p in sweep_dir.iterdir() if (p / "summary.json").is_file())
+
+    with OptimizerServer() as server:
+        rerun = failing_sweep(server, launch_dir, data, *budgets, "optimizer.api_key_env=KEY_B",
+                              "+optimizer.prices.test={input:3,output:4}")
+        calls = server.requests
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert sorted(p.name for p in sweep_dir.iterdir() if (p / "summary.json").is_file()) == dirs
+    assert calls and all("at most L=1" in r["messages"][1]["content"] for r in calls)  # only job #0 asked
+    [again], children = partial_state(launch_dir)
+    assert again.info.run_id == parent.info.run_id and again.info.status == "FINISHED"
+    assert children == {1: "FINISHED", 2: "FINISHED", 3: "FINISHED", 4: "FINISHED"}
+
+
+@pytest.mark.slow
+def test_joblib_sweep_records_failed_runs_and_mistakes_and_runs_the_rest(tmp_path, launch_dir):
+    """In parallel jobs too: of M=0,2 x L=1,3 the M=0 jobs stop on their own mistake (exit 2 alone)
+    and the L=3 job's run fails; the one good job still finishes and the line names the other three."""
+    data = write_dataset(tmp_path / "data", n_fail=3, n_succ=1)
+    with OptimizerServer(script=refuse_budget(3)) as server:
+        done = failing_sweep(server, launch_dir, data, "reflect.minibatch_size=0,2", "reflect.edit_budget=1,3",
+                             "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    line = the_one_line(done.stderr)
+    assert "3 job(s) failed" in line and "reflect.minibatch_size must be" in line, line
+    for job in ("#0 ", "#1 ", "#3 "):
+        assert job in line, line
+    assert "#2 " not in line
+    [parent], children = partial_state(launch_dir)
+    assert parent.info.status == "FAILED"
+    assert children == {1: "FINISHED", 3: "FAILED"}  # the M=0 jobs never got as far as a run
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. settings that cannot change results never make a sweep dir refuse
+
+
+def composed(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from reflact import config as reflact_config
+
+    reflact_config.register()
+    with initialize_config_dir(config_dir=str(PROJECT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=["+exp=demo", *overrides], return_hydra_config=True)
+
+
+NEUTRAL = ("optimizer.api_key_env=OTHER_KEY", "optimizer.prices.gpt-5.input=9", "+optimizer.prices.test={input:1}",
+           "optimizer.timeout_s=5", "optimizer.retry.max_attempts=1", "optimizer.rpm=10", "optimizer.tpm=1000",
+           "optimizer.base_url=http://127.0.0.1:9/v1", "optimizer.max_cost_usd=1", "optimizer.cache=off",
+           "reflect.workers=2", "mlflow.trace_calls=false", "analysis.max_items=5", "analysis.match_threshold=0.5")
+
+
+@pytest.mark.parametrize("override", NEUTRAL)
+def test_a_setting_that_cannot_change_results_resumes_the_sweep(tmp_path, override):
+    """The same sweep dir takes it, its job folder has the same name, and no patch fingerprint sees it."""
+    from reflact.rundir import fingerprint
+    from reflact.sweep import _typed, check_identity, sweep_settings
+
+    sweep = SweepDir(tmp_path)
+    base, changed = composed(), composed(override)
+    check_identity(sweep, *sweep_settings(base))
+    check_identity(sweep, *sweep_settings(changed))  # no UserError
+    assert changed.hydra.job.override_dirname == base.hydra.job.override_dirname == "+exp=demo"
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    assert fingerprint(_typed(changed), messages) == fingerprint(_typed(base), messages)
+
+
+@pytest.mark.parametrize("override, key", [("optimizer.temperature=1", "optimizer.temperature"),
+                                           ("optimizer.max_output_tokens=100", "optimizer.max_output_tokens"),
+                                           ("reflect.failure_only=true", "reflect.failure_only"),
+                                           ("optimizer.model=other", "optimizer.model")])
+def test_a_setting_that_changes_results_still_refuses_naming_the_key(tmp_path, override, key):
+    from reflact.errors import UserError
+    from reflact.sweep import check_identity, sweep_settings
+
+    sweep = SweepDir(tmp_path)
+    check_identity(sweep, *sweep_settings(composed()))
+    with pytest.raises(UserError, match=re.escape(key)):
+        check_identity(sweep, *sweep_settings(composed(override)))
+    assert key in composed(override).hydra.job.override_dirname  # and it names its own job folder
+
+
+def test_a_sweep_dir_made_before_keeps_no_unchanging_setting_against_a_rerun(tmp_path):
+    """sweep.json of an older reflact fixed the key variable and prices too: they are not compared."""
+    from reflact.sweep import check_identity, sweep_settings
+
+    sweep = SweepDir(tmp_path)
+    fixed, swept = sweep_settings(composed())
+    sweep.write_identity({"fixed": {**fixed, "optimizer.api_key_env": "OLD", "optimizer.prices.gpt-5.input": "1.0"},
+                          "swept": swept})
+    check_identity(sweep, fixed, swept)
+    assert "optimizer.api_key_env" not in sweep.identity()["fixed"]
