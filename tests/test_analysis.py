@@ -466,7 +466,8 @@ def test_the_sweep_report_shows_the_analysis_next_to_m_and_l(tmp_path, server):
     assert cells[(4, 4)]["agreement_mean"] == pytest.approx((rows[0]["agreement"] + rows[1]["agreement"]) / 2)
     _, md = write_table(grid, tmp_path / "report")
     header, _, first, second = md.read_text().splitlines()[2:6]
-    assert header.startswith("| mode | M | L | seeds | matcher | seed_agreement | agreement | redundancy |")
+    assert header.startswith("| mode | M | L | jobs finished/failed/missing | matcher | seed_agreement | agreement "
+                             "| redundancy |")
     assert first.split(" | ")[4] == "lexical"  # the matcher the jobs' analyses used
     assert second.split(" | ")[5:7] == ["–", "–"]  # M=8: one seed, one draw
 
