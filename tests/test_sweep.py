@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PROJECT, run_cli, start_mlflow_server, stop
-from tests.optimizer_server import OptimizerServer
+from reflact.testing.optimizer_server import OptimizerServer
 
 MS = (2, 4, 8)
 LS = (1, 2, 4)
