@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.optimizer_server import OptimizerServer, Response, chat_body, default_reply  # noqa: E402
+from reflact.testing.optimizer_server import OptimizerServer, Response, chat_body, default_reply  # noqa: E402
 
 
 def message_chars(request: dict) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import BASE_ENV, DEFAULT_DATA, REPO, check_data, rmtree  # noqa: E402
-from tests.optimizer_server import OptimizerServer  # noqa: E402
+from reflact.testing.optimizer_server import OptimizerServer  # noqa: E402
 
 VARIANTS = {
     "patch": [],

@@ -462,7 +462,7 @@ def save_png(data: bytes, path: Path) -> None:
 
 def take(stack: contextlib.ExitStack, launch: Path, exe: str, out: Path) -> list[Path]:
     sys.path.insert(0, str(REPO))
-    from tests.optimizer_server import OptimizerServer
+    from reflact.testing.optimizer_server import OptimizerServer
 
     began = time.monotonic()
     with OptimizerServer() as server:

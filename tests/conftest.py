@@ -18,7 +18,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from reflact import config as reflact_config
-from tests.optimizer_server import OptimizerServer
+from reflact.testing.optimizer_server import OptimizerServer
 
 PROJECT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")

@@ -35,7 +35,7 @@ from reflact.report import add_seed_agreement, grid_rows, write_table
 from reflact.rundir import fingerprint
 from reflact.stage import Stage
 from tests.conftest import make_config, write_dataset
-from tests.optimizer_server import Response, chat_body, default_reply, seeded_items
+from reflact.testing.optimizer_server import Response, chat_body, default_reply, seeded_items
 
 PATCH = MODES["patch"]
 DEFAULT = 0.85  # analysis.match_threshold

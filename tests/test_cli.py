@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PROJECT, run_cli
-from tests.optimizer_server import OptimizerServer
+from reflact.testing.optimizer_server import OptimizerServer
 
 CANARY = "sk-canary-123"
 PROMPTS = PROJECT / "prompts"

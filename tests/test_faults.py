@@ -1,7 +1,7 @@
 """The optimizer client's robustness against a misbehaving server (retries, re-asks, structured
 output fallback, cache, cost limit, rate limit, dry run, malformed bodies, odd Retry-After
 values, trickling replies, close() mid-call), through the real client and the loopback server of
-tests/optimizer_server.py."""
+reflact/testing/optimizer_server.py."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from reflact.ratelimit import Bucket, RateLimiter
 from reflact.plan import plan_minibatches
 from reflact.stage import Stage
 from tests.conftest import make_config, write_dataset
-from tests.optimizer_server import OptimizerServer, Response, chat_body, default_reply
+from reflact.testing.optimizer_server import OptimizerServer, Response, chat_body, default_reply
 
 try:  # the HTTP client the installed openai SDK is built on
     import httpx2 as httpx

@@ -49,3 +49,10 @@ def test_the_run_dir_layout_is_spelled_in_rundir_only():
 
 def test_no_branch_on_a_missing_client():
     assert not [path.name for path in SOURCES if "client is None" in path.read_text(encoding="utf-8")]
+
+
+def test_the_stand_in_optimizer_is_reached_only_when_asked_for():
+    """reflact.testing ships in the wheel for tests and try-outs; no module of reflact's own imports it."""
+    users = [path.name for path in SOURCES if path.relative_to(PACKAGE).parts[0] != "testing"
+             and re.search(r"^\s*(from|import) reflact\.testing", path.read_text(encoding="utf-8"), re.M)]
+    assert (PACKAGE / "testing" / "optimizer_server.py").is_file() and not users

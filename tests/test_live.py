@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli, start_mlflow_server, stop, write_dataset
-from tests.optimizer_server import OptimizerServer, Response
+from reflact.testing.optimizer_server import OptimizerServer, Response
 
 EXPERIMENT = "reflact"
 

@@ -16,7 +16,7 @@ from reflact.experiment import Launch, run_experiment
 from reflact.matching import item_key
 from tests.conftest import make_config, write_dataset
 from tests.embedding_server import MISSING, MODEL, available, embedding_server
-from tests.optimizer_server import OptimizerServer, Response
+from reflact.testing.optimizer_server import OptimizerServer, Response
 
 needs_model = pytest.mark.skipif(not available(), reason=MISSING)
 

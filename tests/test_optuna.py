@@ -24,7 +24,7 @@ from reflact.errors import UserError
 from reflact.rundir import SweepDir
 from reflact.sweep import check_identity, sweep_settings
 from tests.conftest import PROJECT, run_cli
-from tests.optimizer_server import OptimizerServer
+from reflact.testing.optimizer_server import OptimizerServer
 
 HAS_OPTUNA = importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is not None
 OPTUNA_SPACE = {"reflect.minibatch_size": "choice(2,4,8)", "reflect.edit_budget": "int(interval(1,4))"}

@@ -10,7 +10,7 @@ import pytest
 from reflact.client import make_client, redact
 from reflact.optimizer import CallError
 from tests.conftest import make_config
-from tests.optimizer_server import Response
+from reflact.testing.optimizer_server import Response
 
 # a key from the base64 alphabet: '+', '/' and '=' change when URL-encoded or JSON-escaped
 B64_KEY = "k3y+Ab/Cd=Ef+Gh/Ij+Kl/Mn=="

@@ -4,7 +4,7 @@ finished run dir.
 
 The subprocess tests run `python -m reflact.run` (or `python -m reflact.relog`) as a user types it,
 from a launch directory whose outputs/mlflow.db is an already migrated store, against the loopback
-optimizer server of tests/optimizer_server.py.
+optimizer server of reflact/testing/optimizer_server.py.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from reflact.stage import Stage
 from reflact.rundir import RunDir
 from reflact.summary import summarize
 from tests.conftest import make_config, run_cli, write_dataset
-from tests.optimizer_server import OptimizerServer, Response, chat_body, default_reply
+from reflact.testing.optimizer_server import OptimizerServer, Response, chat_body, default_reply
 
 CANARY = "sk-canary-7f3a9c1e5b2d4a6f8e0c"
 IDS = re.compile(r"^### Trajectory \d+ of \d+ \(id: (.+)\)$", re.M)

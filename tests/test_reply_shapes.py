@@ -9,7 +9,7 @@ import pytest
 from reflact.outcome import Outcome
 from reflact.run_report import minibatch_section
 from tests.conftest import write_dataset
-from tests.optimizer_server import Response, chat_body
+from reflact.testing.optimizer_server import Response, chat_body
 from tests.test_stage import run_stage
 
 

@@ -1,7 +1,7 @@
 """The rules of SPEC.md pinned one at a time, so that a one-line change to any of them fails a test:
 seeds, boundaries, the fingerprint's fields, every run count, the context-window reserve, what a
 redo removes, tags and order. Each test says which rule it holds; most run in-process in well
-under a second (the loopback server of tests/optimizer_server.py answers)."""
+under a second (the loopback server of reflact/testing/optimizer_server.py answers)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from reflact.rundir import RunDir, fingerprint
 from reflact.stage import Stage
 from reflact.summary import counts, run_status
 from tests.conftest import SKILL, long_dataset, make_config, write_dataset
-from tests.optimizer_server import Response, chat_body, default_reply
+from reflact.testing.optimizer_server import Response, chat_body, default_reply
 
 OFFLINE = "optimizer.base_url=http://127.0.0.1:9"  # never called: the plan and prompts only
 SHOWN_IDS = re.compile(r"^### Trajectory \d+ of \d+ \(id: (.+)\)$", re.M)

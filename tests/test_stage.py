@@ -12,7 +12,7 @@ from reflact.dataset import load_dataset
 from reflact.plan import plan_minibatches
 from reflact.stage import Stage
 from tests.conftest import make_config, write_dataset
-from tests.optimizer_server import Response, chat_body, default_reply
+from reflact.testing.optimizer_server import Response, chat_body, default_reply
 
 
 def run_stage(tmp_path, server, dataset_dir, *overrides, run_dir=None):

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from reflact.rundir import SweepDir
+from reflact.testing.optimizer_server import OptimizerServer, Response
 from tests.conftest import PROJECT, run_cli, start_mlflow_server, stop, write_dataset
-from tests.optimizer_server import OptimizerServer, Response
 
 MS = (2, 4, 8)
 LS = (1, 2, 4)

@@ -10,7 +10,7 @@ from reflact.experiment import Launch, run_experiment
 from reflact.stage import Stage
 from reflact.rundir import RunDir
 from tests.conftest import long_dataset, make_config, write_dataset
-from tests.optimizer_server import Response, chat_body
+from reflact.testing.optimizer_server import Response, chat_body
 
 
 def stage_for(tmp_path, server, data, *overrides):

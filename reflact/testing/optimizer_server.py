@@ -1,4 +1,11 @@
-"""A small OpenAI-compatible chat server on 127.0.0.1: the tests' own optimizer double.
+"""A stand-in optimizer for tests and offline try-outs: a small OpenAI-compatible chat server.
+
+    python -m reflact.testing.optimizer_server [--port N] [--latency S]   # prints its URL, serves until stopped
+
+It listens on 127.0.0.1 only and answers every call with a valid but meaningless reply, so the
+whole pipeline (prompts, parsing, patches, MLflow, sweeps) can be tried without a key or a model.
+reflact never starts it or points at it on its own: a run reaches it only through an
+`optimizer.base_url` naming it. Standard library only.
 
 By default it answers every call with a valid reply for the mode it reads off the user
 message, proposing L + 2 items so the budget cut shows. Tests inject faults by setting
@@ -12,9 +19,11 @@ instruction in the system prompt every item names the trajectories it stands on.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import re
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -217,77 +226,86 @@ def response_bytes(body: object) -> bytes:
 
 class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # many workers connect at once; the default backlog of 5 drops some
+    owner: "OptimizerServer"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, *args) -> None:  # keep test output clean
+        pass
+
+    def do_GET(self) -> None:  # GET /stats: how many chat requests so far (manual checks)
+        data = json.dumps({"requests": self.server.owner.count}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        owner = self.server.owner
+        length = int(self.headers.get("Content-Length", 0))
+        request = json.loads(self.rfile.read(length) or b"{}")
+        number = owner.record(request, self.headers.get("Authorization"))
+        chat_only = Response(status=404, body={"error": {"message": "Not Found"}})  # like many servers
+        embeddings = self.path.rstrip("/").endswith("/embeddings")
+        response = (owner.script(request, number) if owner.script else None) or (
+            chat_only if embeddings else None) or Response(
+            body=judge_reply(request) or chat_body(json.dumps(default_reply(request, owner.reword)))
+        )
+        if response.delay_s:
+            time.sleep(response.delay_s)
+        try:
+            self._reply(response)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (a timeout test)
+
+    def _reply(self, response: Response) -> None:
+        data = response_bytes(response.body)
+        self.send_response(response.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in response.headers.items():
+            self.send_header(key, value)
+        if response.trickle_s and response.trickle_headers:
+            # the handler buffers the status line and headers until end_headers: send them slowly
+            head, self._headers_buffer = b"".join(self._headers_buffer) + b"\r\n", []
+            self._trickle(head + data, response.trickle_s)
+        elif response.trickle_s:
+            self.end_headers()
+            self._trickle(data, response.trickle_s)
+        else:
+            self.end_headers()
+            self.wfile.write(data)
+
+    def _trickle(self, data: bytes, seconds: float) -> None:
+        for i in range(len(data)):
+            self.wfile.write(data[i:i + 1])
+            time.sleep(seconds)
 
 
 class OptimizerServer:
-    def __init__(self, script=None, reword: bool = False) -> None:
+    def __init__(self, script=None, port: int = 0, reword: bool = False) -> None:
         self.script = script
         self.reword = reword  # seeded draws word the same rules differently (seeded_items)
         self.requests: list[dict] = []
         self.authorizations: list[str | None] = []  # each request's Authorization header, in order
         self._lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:  # keep test output clean
-                pass
-
-            def do_GET(self) -> None:  # GET /stats: how many chat requests so far (manual checks)
-                data = json.dumps({"requests": server.count}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", 0))
-                request = json.loads(self.rfile.read(length) or b"{}")
-                with server._lock:
-                    server.requests.append(request)
-                    server.authorizations.append(self.headers.get("Authorization"))
-                    number = len(server.requests)
-                if self.path.rstrip("/").endswith("/embeddings"):  # a chat-only server, like many
-                    response = Response(status=404, body={"error": {"message": "Not Found"}})
-                response = (server.script(request, number) if server.script else None) or (
-                    response if self.path.rstrip("/").endswith("/embeddings") else None) or Response(
-                    body=judge_reply(request) or chat_body(json.dumps(default_reply(request, server.reword)))
-                )
-                if response.delay_s:
-                    time.sleep(response.delay_s)
-                try:
-                    self._reply(response)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (a timeout test)
-
-            def _reply(self, response: Response) -> None:
-                data = response_bytes(response.body)
-                self.send_response(response.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for key, value in response.headers.items():
-                    self.send_header(key, value)
-                if response.trickle_s and response.trickle_headers:
-                    # the handler buffers the status line and headers until end_headers: send them slowly
-                    head, self._headers_buffer = b"".join(self._headers_buffer) + b"\r\n", []
-                    self._trickle(head + data, response.trickle_s)
-                elif response.trickle_s:
-                    self.end_headers()
-                    self._trickle(data, response.trickle_s)
-                else:
-                    self.end_headers()
-                    self.wfile.write(data)
-
-            def _trickle(self, data: bytes, seconds: float) -> None:
-                for i in range(len(data)):
-                    self.wfile.write(data[i:i + 1])
-                    time.sleep(seconds)
-
-        self._httpd = _Server(("127.0.0.1", 0), Handler)
+        # loopback only, whatever the port: this server is never meant to be reached from elsewhere
+        self._httpd = _Server(("127.0.0.1", port), _Handler)
+        self._httpd.owner = self
         self._httpd.daemon_threads = True
         # a short poll: shutdown() waits for the serving loop to look, and tests start and stop many servers
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                         daemon=True)
+
+    def record(self, request: dict, authorization: str | None) -> int:
+        """Keep a request and its Authorization header; its number, from 1."""
+        with self._lock:
+            self.requests.append(request)
+            self.authorizations.append(authorization)
+            return len(self.requests)
 
     @property
     def base_url(self) -> str:
@@ -307,7 +325,39 @@ class OptimizerServer:
             return len(self.requests)
 
 
-if __name__ == "__main__":  # a manual run: `python -m tests.optimizer_server`, serves until interrupted
-    with OptimizerServer() as s:
-        print(s.base_url, flush=True)
-        threading.Event().wait()
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m reflact.testing.optimizer_server",
+        description="A stand-in OpenAI-compatible optimizer on 127.0.0.1, for tests and offline try-outs: "
+                    "every call gets a valid, meaningless reply. Prints its base URL on the first line, "
+                    "then serves until interrupted.")
+    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds to wait before each reply (default: 0)")
+    args = parser.parse_args(argv)
+    if args.latency < 0 or not 0 <= args.port <= 65535:
+        parser.error("--latency must be >= 0 and --port within 0..65535")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _arguments(argv)
+
+    def script(request: dict, number: int) -> Response:
+        server.requests[number - 1] = {}  # a long-running server keeps no request bodies
+        return Response(body=chat_body(json.dumps(default_reply(request))), delay_s=args.latency)
+
+    try:
+        server = OptimizerServer(script, port=args.port)
+    except OSError as error:  # the port is taken
+        print(f"optimizer_server: error: cannot listen on 127.0.0.1:{args.port}: {error.strerror}", file=sys.stderr)
+        raise SystemExit(2)
+    with server:
+        print(server.base_url, flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()
