@@ -155,13 +155,17 @@ class OptimizerClient:
         self._limiter = RateLimiter(cfg.rpm, cfg.tpm, stop=self._transport.closing) if (cfg.rpm or cfg.tpm) else None
         self._schema_rejected = threading.Event()  # `auto`: this server answered 400 to a JSON schema
         self._warned: set[str] = set()  # the usage fields already warned about
+        self._answered = threading.Event()  # a request of this run got a 2xx reply
+        self._fault_lock = threading.Lock()
+        self.fault = ""  # set once the endpoint is judged unusable: why, and what to check
+        self._fault_cause = ""  # the failed request's own one-line cause
 
     def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None,
-                 sample: int | None = None) -> Reply:
+                 sample: int | None = None, label: str = "") -> Reply:
         """`sample`: the draw's sample index (default optimizer.sample), in the cache key and, with
-        optimizer.samples > 1, sent as the request's seed."""
+        optimizer.samples > 1, sent as the request's seed; `label` names the request in retry lines."""
         if self._transport.closing.is_set():
-            raise CallError(ABANDONED)
+            raise self._ended()
         sample = self.cfg.sample if sample is None else sample
         logical = self._request(messages, max_output_tokens, sample)
         key = ""  # hashing the whole request only pays when there is a cache to ask
@@ -173,7 +177,7 @@ class OptimizerClient:
                 return Reply(hit["text"], hit["finish_reason"], Usage(**hit.get("usage", {})), 0.0,
                              from_cache=True, structured=hit.get("structured", "off"), started_at=time.time(),
                              cache_key=key)
-        reply = self._call_with_retries(logical, schema, estimate_tokens(messages) + max_output_tokens)
+        reply = self._call_with_retries(logical, schema, estimate_tokens(messages) + max_output_tokens, label)
         reply.cache_key = key
         if self.cache:
             self.cache.put(key, {"text": reply.text, "finish_reason": reply.finish_reason,
@@ -214,13 +218,14 @@ class OptimizerClient:
                                    "json_schema": {"name": "reflect_reply", "schema": schema, "strict": False}}
         return "off", None
 
-    def _call_with_retries(self, logical: dict, schema: dict | None, tokens: int) -> Reply:
+    def _call_with_retries(self, logical: dict, schema: dict | None, tokens: int, label: str = "") -> Reply:
         closing = self._transport.closing
         retrying = Retrying(
             retry=retry_if_exception(lambda exc: is_transient(exc) and not closing.is_set()),
             stop=stop_after_attempt(self.cfg.retry.max_attempts) | stop_before_delay(self.cfg.retry.max_seconds),
             wait=wait_after(self.cfg.retry.initial_wait_s, self.cfg.retry.max_wait_s),
             sleep=closing.wait,  # a backoff ends early when the client is closed
+            before_sleep=lambda state: self._say_retry(label, state),
             reraise=True,
         )
         sent = [0]  # requests made, the retries' included
@@ -229,8 +234,9 @@ class OptimizerClient:
                 with attempt:
                     completion, started, wall, structured = self._send(logical, schema, tokens, sent)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded failed call
-            cause = ABANDONED if closing.is_set() else describe_error(exc, self._secret)
-            raise CallError(cause, retries=max(sent[0] - 1, 0)) from None
+            if closing.is_set():
+                raise self._ended(retries=max(sent[0] - 1, 0)) from None
+            raise CallError(describe_error(exc, self._secret), retries=max(sent[0] - 1, 0)) from None
         return Reply(text=completion.text, finish_reason=completion.finish_reason, usage=completion.usage,
                      latency_s=time.monotonic() - started, retries=sent[0] - 1, structured=structured,
                      started_at=wall)
@@ -261,7 +267,40 @@ class OptimizerClient:
         if self._limiter:  # every attempt is a request: retries are paced too
             self._limiter.acquire(tokens)
         started, wall = time.monotonic(), time.time()
-        return read_completion(self._transport.post(request), self._warn), started, wall
+        try:
+            body = self._transport.post(request)
+        except Exception as exc:
+            self._judge(exc)
+            raise
+        self._answered.set()
+        return read_completion(body, self._warn), started, wall
+
+    def _judge(self, exc: BaseException) -> None:
+        """Before any reply, a refused connection or a 401/403/404 means every call of the run would
+        fail the same way: the endpoint is declared unusable, requests in flight are abandoned and
+        none is sent again (later faults, once the server has answered, are retried as usual)."""
+        if self._answered.is_set() or not endpoint_fault(exc):
+            return
+        with self._fault_lock:
+            if self.fault:
+                return
+            self._fault_cause = describe_error(exc, self._secret)
+            self.fault = fault_message(self.cfg, self._endpoint.get("base_url", ""), exc, self._fault_cause)
+        self._transport.close()
+
+    def _ended(self, retries: int = 0) -> CallError:
+        """The failure of a request made or refused after close(), or after the endpoint failed."""
+        if self.fault:
+            return CallError(self._fault_cause, retries=retries, fatal=self.fault)
+        return CallError(ABANDONED, retries=retries)
+
+    def _say_retry(self, label: str, state: RetryCallState) -> None:
+        """One line per retry: which request, its next attempt, and why."""
+        exc = state.outcome.exception() if state.outcome else None
+        hinted = retry_after_s(exc)
+        wait = f"Retry-After {hinted:g} s" if hinted is not None else f"waiting {state.next_action.sleep:.1f} s"
+        log.info("%s: attempt %d/%d after %s (%s)", label or "a request", state.attempt_number + 1,
+                 self.cfg.retry.max_attempts, short_cause(exc, self._secret), wait)
 
     def _warn(self, field: str, what: str) -> None:
         if field not in self._warned:  # once per field: a server that always sends it would flood the log
@@ -315,6 +354,41 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code in (408, 409, 429) or exc.status_code >= 500
     return False
+
+
+def endpoint_fault(exc: BaseException) -> bool:
+    """A fault of the endpoint itself (no connection, no such host, a refused key, no such model or
+    path), as opposed to one of a request (a timeout, a rate limit, a server error)."""
+    import openai
+
+    if isinstance(exc, openai.APITimeoutError):  # a subclass of APIConnectionError: a slow server
+        return False
+    if isinstance(exc, openai.APIConnectionError):
+        return True
+    return isinstance(exc, openai.APIStatusError) and exc.status_code in (401, 403, 404)
+
+
+def fault_message(cfg: OptimizerConfig, url: str, exc: BaseException, cause: str) -> str:
+    """One line for an unusable endpoint: the URL (never a key: keys are never in it, see config)
+    and what to check."""
+    status = getattr(exc, "status_code", None)
+    if status in (401, 403):
+        check = f"check the key in ${cfg.api_key_env} (optimizer.api_key_env) and that it may use {cfg.model!r}"
+    elif status == 404:
+        check = f"check optimizer.model ({cfg.model!r}) and optimizer.base_url (most servers end it in /v1)"
+    else:
+        check = "check optimizer.base_url and that the server is running"
+    return f"the optimizer at {url} did not answer the first requests ({cause}): {check}"
+
+
+def short_cause(exc: BaseException | None, secret: str = "") -> str:
+    """A retry line's cause: the status alone for an HTTP error (its message is in the record)."""
+    import openai
+
+    if isinstance(exc, openai.APIStatusError):
+        return f"HTTP {exc.status_code}"
+    text = describe_error(exc, secret) if exc is not None else "an error"
+    return text if len(text) <= 120 else text[:119] + "…"
 
 
 def wait_after(initial: float, maximum: float):

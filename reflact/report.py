@@ -45,11 +45,12 @@ def sweep_runs(client, sweep_id: str):
 
 
 def derived(runs):
-    """The report's metrics from a DataFrame of run metrics (a missing one counts as 0)."""
+    """The report's metrics from a DataFrame of run metrics (a missing one counts as 0, but for the
+    cost: a run of an unpriced model logs none, and its cost is unknown, not 0)."""
     m = runs.reindex(columns=["edits_kept", "edits_truncated", "reasks", "minibatches_failed", "tokens_prompt",
-                              "tokens_completion", "cost_usd", "wall_time_s"]).fillna(0.0)
+                              "tokens_completion", "wall_time_s"]).fillna(0.0)
     m = m.assign(parse_failures=m.reasks + m.minibatches_failed, tokens=m.tokens_prompt + m.tokens_completion)
-    return m.join(runs.reindex(columns=list(ANALYSED)))
+    return m.join(runs.reindex(columns=["cost_usd", *ANALYSED]))
 
 
 def grid_rows(runs) -> list[dict]:

@@ -23,12 +23,23 @@ def _job(dict_cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from reflact.newdir import FRESH_ENV, discarded_on_mistake
+
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    made = os.environ.get(FRESH_ENV) if hc.mode == RunMode.RUN else None
+    # Hydra's own log file is all a fresh run dir holds before the run writes anything
+    with discarded_on_mistake(run_dir, Path(made) if made else None, {f"{hc.job.name}.log"}):
+        return _run_job(dict_cfg, hc, run_dir)
+
+
+def _run_job(dict_cfg: DictConfig, hc: DictConfig, run_dir: Path) -> float | None:
+    from hydra.types import RunMode
+
     from reflact.api import run
     from reflact.experiment import Launch
     from reflact.summary import optimized_value
 
-    hc = HydraConfig.get()
-    run_dir = Path(hc.runtime.output_dir)
     cfg, params = config.from_hydra(dict_cfg)
     multirun = hc.mode == RunMode.MULTIRUN
     launch = Launch(Path(hydra.utils.get_original_cwd()), Path(hc.sweep.dir).resolve() if multirun else None,
