@@ -142,6 +142,35 @@ class Transport:
             log.debug("closing the optimizer's connections: %s", exc)
 
 
+class EndpointWatch:
+    """Whether the endpoint has answered yet, and whether it was judged unusable: a refused
+    connection, an unknown host or a 401/403/404 before any reply. Faults after a reply are the
+    requests' own and are retried (or not) as usual."""
+
+    def __init__(self) -> None:
+        self.answered = threading.Event()  # a request got a 2xx reply
+        self._lock = threading.Lock()
+        self.message = ""  # why the endpoint is unusable, and what to check
+        self.cause = ""  # the request's own one-line cause
+
+    def judge(self, exc: BaseException, cfg: OptimizerConfig, url: str, secret: str) -> bool:
+        """True when this failure makes the endpoint unusable (the first such one only)."""
+        if self.answered.is_set() or not endpoint_fault(exc):
+            return False
+        with self._lock:
+            if self.message:
+                return False
+            self.cause = describe_error(exc, secret)
+            self.message = fault_message(cfg, url, exc, self.cause)
+            return True
+
+    def ended(self, retries: int = 0) -> CallError:
+        """The failure of a request made or refused after close(), or after the endpoint failed."""
+        if self.message:
+            return CallError(self.cause, retries=retries, fatal=self.message)
+        return CallError(ABANDONED, retries=retries)
+
+
 class OptimizerClient:
     """Calls, with retries, the response cache and the rate limits of `optimizer.*`."""
 
@@ -155,17 +184,14 @@ class OptimizerClient:
         self._limiter = RateLimiter(cfg.rpm, cfg.tpm, stop=self._transport.closing) if (cfg.rpm or cfg.tpm) else None
         self._schema_rejected = threading.Event()  # `auto`: this server answered 400 to a JSON schema
         self._warned: set[str] = set()  # the usage fields already warned about
-        self._answered = threading.Event()  # a request of this run got a 2xx reply
-        self._fault_lock = threading.Lock()
-        self.fault = ""  # set once the endpoint is judged unusable: why, and what to check
-        self._fault_cause = ""  # the failed request's own one-line cause
+        self._watch = EndpointWatch()
 
     def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None,
                  sample: int | None = None, label: str = "") -> Reply:
         """`sample`: the draw's sample index (default optimizer.sample), in the cache key and, with
         optimizer.samples > 1, sent as the request's seed; `label` names the request in retry lines."""
-        if self._transport.closing.is_set():
-            raise self._ended()
+        if self._stopped():
+            raise self._watch.ended()
         sample = self.cfg.sample if sample is None else sample
         logical = self._request(messages, max_output_tokens, sample)
         key = ""  # hashing the whole request only pays when there is a cache to ask
@@ -221,11 +247,11 @@ class OptimizerClient:
     def _call_with_retries(self, logical: dict, schema: dict | None, tokens: int, label: str = "") -> Reply:
         closing = self._transport.closing
         retrying = Retrying(
-            retry=retry_if_exception(lambda exc: is_transient(exc) and not closing.is_set()),
+            retry=retry_if_exception(lambda exc: is_transient(exc) and not self._stopped()),
             stop=stop_after_attempt(self.cfg.retry.max_attempts) | stop_before_delay(self.cfg.retry.max_seconds),
             wait=wait_after(self.cfg.retry.initial_wait_s, self.cfg.retry.max_wait_s),
             sleep=closing.wait,  # a backoff ends early when the client is closed
-            before_sleep=lambda state: self._say_retry(label, state),
+            before_sleep=lambda state: say_retry(label, state, self.cfg.retry.max_attempts, self._secret),
             reraise=True,
         )
         sent = [0]  # requests made, the retries' included
@@ -234,8 +260,8 @@ class OptimizerClient:
                 with attempt:
                     completion, started, wall, structured = self._send(logical, schema, tokens, sent)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded failed call
-            if closing.is_set():
-                raise self._ended(retries=max(sent[0] - 1, 0)) from None
+            if self._stopped():
+                raise self._watch.ended(retries=max(sent[0] - 1, 0)) from None
             raise CallError(describe_error(exc, self._secret), retries=max(sent[0] - 1, 0)) from None
         return Reply(text=completion.text, finish_reason=completion.finish_reason, usage=completion.usage,
                      latency_s=time.monotonic() - started, retries=sent[0] - 1, structured=structured,
@@ -261,7 +287,7 @@ class OptimizerClient:
 
     def _create(self, request: dict, tokens: int, sent: list[int]) -> tuple[Completion, float, float]:
         """(completion, monotonic and wall-clock start) of one request, its body checked."""
-        if self._transport.closing.is_set():
+        if self._stopped():
             raise Abandoned()
         sent[0] += 1
         if self._limiter:  # every attempt is a request: retries are paced too
@@ -270,37 +296,21 @@ class OptimizerClient:
         try:
             body = self._transport.post(request)
         except Exception as exc:
-            self._judge(exc)
+            # before any reply, every call of the run would fail the same way: none is sent again
+            if self._watch.judge(exc, self.cfg, self._endpoint.get("base_url", ""), self._secret):
+                self._transport.close()
             raise
-        self._answered.set()
+        self._watch.answered.set()
         return read_completion(body, self._warn), started, wall
 
-    def _judge(self, exc: BaseException) -> None:
-        """Before any reply, a refused connection or a 401/403/404 means every call of the run would
-        fail the same way: the endpoint is declared unusable, requests in flight are abandoned and
-        none is sent again (later faults, once the server has answered, are retried as usual)."""
-        if self._answered.is_set() or not endpoint_fault(exc):
-            return
-        with self._fault_lock:
-            if self.fault:
-                return
-            self._fault_cause = describe_error(exc, self._secret)
-            self.fault = fault_message(self.cfg, self._endpoint.get("base_url", ""), exc, self._fault_cause)
-        self._transport.close()
+    @property
+    def fault(self) -> str:
+        """"" while the endpoint may be usable; else why not, and what to check (one line)."""
+        return self._watch.message
 
-    def _ended(self, retries: int = 0) -> CallError:
-        """The failure of a request made or refused after close(), or after the endpoint failed."""
-        if self.fault:
-            return CallError(self._fault_cause, retries=retries, fatal=self.fault)
-        return CallError(ABANDONED, retries=retries)
-
-    def _say_retry(self, label: str, state: RetryCallState) -> None:
-        """One line per retry: which request, its next attempt, and why."""
-        exc = state.outcome.exception() if state.outcome else None
-        hinted = retry_after_s(exc)
-        wait = f"Retry-After {hinted:g} s" if hinted is not None else f"waiting {state.next_action.sleep:.1f} s"
-        log.info("%s: attempt %d/%d after %s (%s)", label or "a request", state.attempt_number + 1,
-                 self.cfg.retry.max_attempts, short_cause(exc, self._secret), wait)
+    def _stopped(self) -> bool:
+        """Closed, or the endpoint was judged unusable (checked before close() is through)."""
+        return self._transport.closing.is_set() or bool(self._watch.message)
 
     def _warn(self, field: str, what: str) -> None:
         if field not in self._warned:  # once per field: a server that always sends it would flood the log
@@ -379,6 +389,15 @@ def fault_message(cfg: OptimizerConfig, url: str, exc: BaseException, cause: str
     else:
         check = "check optimizer.base_url and that the server is running"
     return f"the optimizer at {url} did not answer the first requests ({cause}): {check}"
+
+
+def say_retry(label: str, state: RetryCallState, attempts: int, secret: str) -> None:
+    """One line per retry, so retries in progress are seen: which request, its next attempt, why."""
+    exc = state.outcome.exception() if state.outcome else None
+    hinted = retry_after_s(exc)
+    wait = f"Retry-After {hinted:g} s" if hinted is not None else f"waiting {state.next_action.sleep:.1f} s"
+    log.info("%s: attempt %d/%d after %s (%s)", label or "a request", state.attempt_number + 1, attempts,
+             short_cause(exc, secret), wait)
 
 
 def short_cause(exc: BaseException | None, secret: str = "") -> str:
