@@ -89,7 +89,8 @@ def load_run(root: Path) -> Run:
         where = parse_tag(str(record.get("tag", "")))
         if where is not None and record.get("status") in WITH_PATCH:
             draws[where[:2]] += 1
-    run = Run(Path(root), summary.get("settings", {}), float(summary.get("counts", {}).get("cost_usd", 0.0)), draws)
+    cost = summary.get("counts", {}).get("cost_usd", 0.0)  # None: the model had no price
+    run = Run(Path(root), summary.get("settings", {}), float(cost or 0.0), draws)
     try:
         run.items = [item for row in rd.kept_items() if (item := _item(row)) is not None]
     except (ValueError, KeyError, TypeError, AttributeError):

@@ -67,17 +67,20 @@ def reflect(
     reflact.errors.Stopped on Ctrl-C (nothing new is called, what was made is kept).
     """
     from reflact.config import from_hydra
+    from reflact.newdir import discarded_on_mistake, first_missing
 
     launch = Path(launch_dir or Path.cwd()).resolve()
     cfg = compose(overrides) if config is None else with_overrides(config, overrides)
     folder = Path(run_dir).resolve() if run_dir else new_run_dir(launch)
-    if results is not None or skill is not None or conversations is not None:
-        write_inputs(cfg, folder / "inputs", results, skill, conversations, predictions)
-    elif data is not None:
-        cfg.data.dir = str(Path(data).resolve())
-    cfg, params = from_hydra(_structured(cfg))
-    with _logging_shown():
-        return run(cfg, params, folder, launch)
+    # a folder made here goes again when a mistake stops the run before any call
+    with discarded_on_mistake(folder, first_missing(folder), {"inputs"}):
+        if results is not None or skill is not None or conversations is not None:
+            write_inputs(cfg, folder / "inputs", results, skill, conversations, predictions)
+        elif data is not None:
+            cfg.data.dir = str(Path(data).resolve())
+        cfg, params = from_hydra(_structured(cfg))
+        with _logging_shown():
+            return run(cfg, params, folder, launch)
 
 
 def run(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch) -> Reflection:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from reflact.config import Price
-from reflact.events import CallStarted, Replied
+from reflact.events import CallStarted, EndpointFailed, Replied
 from reflact.modes import Mode
 from reflact.optimizer import CallError, Optimizer, Reply
 from reflact.outcome import Tally
@@ -158,8 +158,10 @@ class Asker:
         try:
             # the sample goes along only with several draws: an optimizer of one's own needs no new argument
             draw = {} if sample is None else {"sample": sample}
-            reply = self.optimizer.complete(conversation, allowance, self.schemas[group], **draw)
+            reply = self.optimizer.complete(conversation, allowance, self.schemas[group], label=tag, **draw)
         except CallError as exc:
+            if exc.fatal:
+                self.publish(EndpointFailed(exc.fatal))
             self.spend.settle(worst, 0.0)
             tally.retries += exc.retries
             tally.failed_calls += 1

@@ -38,6 +38,7 @@ from reflact.completion import Completion, MalformedReply, read_completion
 from reflact.config import CacheMode, OptimizerConfig, Provider, StructuredOutput
 from reflact.errors import UserError
 from reflact.imports import resolve_lazy
+from reflact.imports import one_at_a_time
 from reflact.optimizer import CallError, Reply, Usage, estimate_tokens
 from reflact.ratelimit import RateLimiter
 
@@ -147,6 +148,35 @@ class Transport:
             log.debug("closing the optimizer's connections: %s", exc)
 
 
+class EndpointWatch:
+    """Whether the endpoint has answered yet, and whether it was judged unusable: a refused
+    connection, an unknown host or a 401/403/404 before any reply. Faults after a reply are the
+    requests' own and are retried (or not) as usual."""
+
+    def __init__(self) -> None:
+        self.answered = threading.Event()  # a request got a 2xx reply
+        self._lock = threading.Lock()
+        self.message = ""  # why the endpoint is unusable, and what to check
+        self.cause = ""  # the request's own one-line cause
+
+    def judge(self, exc: BaseException, cfg: OptimizerConfig, url: str, secret: str) -> bool:
+        """True when this failure makes the endpoint unusable (the first such one only)."""
+        if self.answered.is_set() or not endpoint_fault(exc):
+            return False
+        with self._lock:
+            if self.message:
+                return False
+            self.cause = describe_error(exc, secret)
+            self.message = fault_message(cfg, url, exc, self.cause)
+            return True
+
+    def ended(self, retries: int = 0) -> CallError:
+        """The failure of a request made or refused after close(), or after the endpoint failed."""
+        if self.message:
+            return CallError(self.cause, retries=retries, fatal=self.message)
+        return CallError(ABANDONED, retries=retries)
+
+
 class OptimizerClient:
     """Calls, with retries, the response cache and the rate limits of `optimizer.*`."""
 
@@ -160,13 +190,14 @@ class OptimizerClient:
         self._limiter = RateLimiter(cfg.rpm, cfg.tpm, stop=self._transport.closing) if (cfg.rpm or cfg.tpm) else None
         self._schema_rejected = threading.Event()  # `auto`: this server answered 400 to a JSON schema
         self._warned: set[str] = set()  # the usage fields already warned about
+        self._watch = EndpointWatch()
 
     def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None,
-                 sample: int | None = None) -> Reply:
+                 sample: int | None = None, label: str = "") -> Reply:
         """`sample`: the draw's sample index (default optimizer.sample), in the cache key and, with
-        optimizer.samples > 1, sent as the request's seed."""
-        if self._transport.closing.is_set():
-            raise CallError(ABANDONED)
+        optimizer.samples > 1, sent as the request's seed; `label` names the request in retry lines."""
+        if self._stopped():
+            raise self._watch.ended()
         sample = self.cfg.sample if sample is None else sample
         logical = self._request(messages, max_output_tokens, sample)
         key = ""  # hashing the whole request only pays when there is a cache to ask
@@ -178,7 +209,7 @@ class OptimizerClient:
                 return Reply(hit["text"], hit["finish_reason"], Usage(**hit.get("usage", {})), 0.0,
                              from_cache=True, structured=hit.get("structured", "off"), started_at=time.time(),
                              cache_key=key)
-        reply = self._call_with_retries(logical, schema, estimate_tokens(messages) + max_output_tokens)
+        reply = self._call_with_retries(logical, schema, estimate_tokens(messages) + max_output_tokens, label)
         reply.cache_key = key
         if self.cache:
             self.cache.put(key, {"text": reply.text, "finish_reason": reply.finish_reason,
@@ -219,13 +250,14 @@ class OptimizerClient:
                                    "json_schema": {"name": "reflect_reply", "schema": schema, "strict": False}}
         return "off", None
 
-    def _call_with_retries(self, logical: dict, schema: dict | None, tokens: int) -> Reply:
+    def _call_with_retries(self, logical: dict, schema: dict | None, tokens: int, label: str = "") -> Reply:
         closing = self._transport.closing
         retrying = Retrying(
-            retry=retry_if_exception(lambda exc: is_transient(exc) and not closing.is_set()),
+            retry=retry_if_exception(lambda exc: is_transient(exc) and not self._stopped()),
             stop=stop_after_attempt(self.cfg.retry.max_attempts) | stop_before_delay(self.cfg.retry.max_seconds),
             wait=wait_after(self.cfg.retry.initial_wait_s, self.cfg.retry.max_wait_s),
             sleep=closing.wait,  # a backoff ends early when the client is closed
+            before_sleep=lambda state: say_retry(label, state, self.cfg.retry.max_attempts, self._secret),
             reraise=True,
         )
         sent = [0]  # requests made, the retries' included
@@ -234,8 +266,9 @@ class OptimizerClient:
                 with attempt:
                     completion, started, wall, structured = self._send(logical, schema, tokens, sent)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded failed call
-            cause = ABANDONED if closing.is_set() else describe_error(exc, self._secret)
-            raise CallError(cause, retries=max(sent[0] - 1, 0)) from None
+            if self._stopped():
+                raise self._watch.ended(retries=max(sent[0] - 1, 0)) from None
+            raise CallError(describe_error(exc, self._secret), retries=max(sent[0] - 1, 0)) from None
         return Reply(text=completion.text, finish_reason=completion.finish_reason, usage=completion.usage,
                      latency_s=time.monotonic() - started, retries=sent[0] - 1, structured=structured,
                      started_at=wall)
@@ -258,13 +291,30 @@ class OptimizerClient:
 
     def _create(self, request: dict, tokens: int, sent: list[int]) -> tuple[Completion, float, float]:
         """(completion, monotonic and wall-clock start) of one request, its body checked."""
-        if self._transport.closing.is_set():
+        if self._stopped():
             raise Abandoned()
         sent[0] += 1
         if self._limiter:  # every attempt is a request: retries are paced too
             self._limiter.acquire(tokens)
         started, wall = time.monotonic(), time.time()
-        return read_completion(self._transport.post(request), self._warn), started, wall
+        try:
+            body = self._transport.post(request)
+        except Exception as exc:
+            # before any reply, every call of the run would fail the same way: none is sent again
+            if self._watch.judge(exc, self.cfg, self._endpoint.get("base_url", ""), self._secret):
+                self._transport.close()
+            raise
+        self._watch.answered.set()
+        return read_completion(body, self._warn), started, wall
+
+    @property
+    def fault(self) -> str:
+        """"" while the endpoint may be usable; else why not, and what to check (one line)."""
+        return self._watch.message
+
+    def _stopped(self) -> bool:
+        """Closed, or the endpoint was judged unusable (checked before close() is through)."""
+        return self._transport.closing.is_set() or bool(self._watch.message)
 
     def _warn(self, field: str, what: str) -> None:
         if field not in self._warned:  # once per field: a server that always sends it would flood the log
@@ -314,6 +364,52 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code in (408, 409, 429) or exc.status_code >= 500
     return False
+
+
+def endpoint_fault(exc: BaseException) -> bool:
+    """A fault of the endpoint itself (no connection, no such host, a refused key, no such model or
+    path), as opposed to one of a request (a timeout, a rate limit, a server error)."""
+    with one_at_a_time():
+        import openai
+
+    if isinstance(exc, openai.APITimeoutError):  # a subclass of APIConnectionError: a slow server
+        return False
+    if isinstance(exc, openai.APIConnectionError):
+        return True
+    return isinstance(exc, openai.APIStatusError) and exc.status_code in (401, 403, 404)
+
+
+def fault_message(cfg: OptimizerConfig, url: str, exc: BaseException, cause: str) -> str:
+    """One line for an unusable endpoint: the URL (never a key: keys are never in it, see config)
+    and what to check."""
+    status = getattr(exc, "status_code", None)
+    if status in (401, 403):
+        check = f"check the key in ${cfg.api_key_env} (optimizer.api_key_env) and that it may use {cfg.model!r}"
+    elif status == 404:
+        check = f"check optimizer.model ({cfg.model!r}) and optimizer.base_url (most servers end it in /v1)"
+    else:
+        check = "check optimizer.base_url and that the server is running"
+    return f"the optimizer at {url} did not answer the first requests ({cause}): {check}"
+
+
+def say_retry(label: str, state: RetryCallState, attempts: int, secret: str) -> None:
+    """One line per retry, so retries in progress are seen: which request, its next attempt, why."""
+    exc = state.outcome.exception() if state.outcome else None
+    hinted = retry_after_s(exc)
+    wait = f"Retry-After {hinted:g} s" if hinted is not None else f"waiting {state.next_action.sleep:.1f} s"
+    log.info("%s: attempt %d/%d after %s (%s)", label or "a request", state.attempt_number + 1, attempts,
+             short_cause(exc, secret), wait)
+
+
+def short_cause(exc: BaseException | None, secret: str = "") -> str:
+    """A retry line's cause: the status alone for an HTTP error (its message is in the record)."""
+    with one_at_a_time():
+        import openai
+
+    if isinstance(exc, openai.APIStatusError):
+        return f"HTTP {exc.status_code}"
+    text = describe_error(exc, secret) if exc is not None else "an error"
+    return text if len(text) <= 120 else text[:119] + "…"
 
 
 def wait_after(initial: float, maximum: float):

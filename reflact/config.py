@@ -330,8 +330,10 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     o = cfg.optimizer
     if o.max_cost_usd is not None and o.model not in o.prices:
         raise UserError(f"optimizer.max_cost_usd: the model {o.model!r} has no price, so the cap could not hold; "
-                        f"set +optimizer.prices.{o.model}={{input:...,cached_input:...,output:...}} (USD per million "
-                        "tokens)")
+                        f"{how_to_price(o.model)} (USD per million tokens)")
+    if cfg.optimized_metric in ("cost_usd", "spent_usd") and o.model not in o.prices:
+        raise UserError(f"optimized_metric: {cfg.optimized_metric} is unknown for the model {o.model!r}, which has no "
+                        f"price; {how_to_price(o.model)} (USD per million tokens)")
     return cfg
 
 
@@ -358,6 +360,22 @@ def _check_analysis(cfg: ReflactConfig) -> None:
         raise UserError(f"analysis.embedding.model: {a.embedding.model!r} has no price, so optimizer.max_cost_usd "
                         f"could not hold for the analysis; set +optimizer.prices.{a.embedding.model}={{input:...}} "
                         "(USD per million tokens; 0 for a local model)")
+
+
+def priced(cfg: ReflactConfig) -> bool:
+    """Whether the model has a price: without one every cost is unknown (None), never $0."""
+    return cfg.optimizer.model in cfg.optimizer.prices
+
+
+def how_to_price(model: str) -> str:
+    """What to set to price `model`; a name with `/`, `.` or `:` (a proxy's `openai/gpt-4o-mini`)
+    cannot be a key of a command-line override, so it goes in a config file."""
+    import re
+
+    if re.fullmatch(r"[A-Za-z0-9_-]+", model):
+        return f"set +optimizer.prices.{model}={{input:...,cached_input:...,output:...}}"
+    return (f"add \"{model}\": {{input: ..., cached_input: ..., output: ...}} under optimizer.prices in your "
+            "experiment's yaml")
 
 
 def _check_optimized_metric(name: str | None, reflect: ReflectConfig) -> None:

@@ -13,6 +13,7 @@ from typing import Callable, TypeVar
 from reflact.imports import one_at_a_time
 
 
+
 T = TypeVar("T")
 
 

@@ -53,7 +53,15 @@ class MinibatchEnded:
     patch: dict | None = None  # the saved patch, for done and reused
 
 
-Event = Planned | CallStarted | Replied | MinibatchEnded
+@dataclass(frozen=True)
+class EndpointFailed:
+    """The optimizer's endpoint is unusable (no connection, a refused key, no such model): every
+    call of the run fails with the same cause. Published with each call it fails."""
+
+    message: str  # why, and what to check
+
+
+Event = Planned | CallStarted | Replied | MinibatchEnded | EndpointFailed
 Observer = Callable[[Event], None]
 
 

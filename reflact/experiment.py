@@ -12,7 +12,7 @@ from typing import Callable
 
 from reflact.analysis import analyse_run_dir
 from reflact.analysis import warm as analysis_warm
-from reflact.config import ReflactConfig
+from reflact.config import ReflactConfig, how_to_price, priced
 from reflact.dataset import load_dataset
 from reflact.errors import Stopped
 from reflact.live import LiveRun
@@ -21,7 +21,7 @@ from reflact.mirror import RunContext
 from reflact.optimizer import make_optimizer
 from reflact.rundir import RunDir, locked
 from reflact.stage import Stage
-from reflact.summary import run_status, summarize
+from reflact.summary import run_status, summarize, usd
 
 log = logging.getLogger("reflact")
 
@@ -79,6 +79,7 @@ def _run(cfg: ReflactConfig, stage: Stage, optimizer, tracker: LiveRun | None, s
          launch_dir: Path) -> RunResult:
     """The stage, then the run's summary and report, its status, and the end of its MLflow run."""
     dataset = stage.dataset
+    warn_unpriced(cfg)
     if dataset.skipped:
         log.info("skipping %d run(s) without a usable conversation: %s", len(dataset.skipped),
                  ", ".join(sorted(dataset.skipped)[:10]) + (" ..." if len(dataset.skipped) > 10 else ""))
@@ -93,8 +94,12 @@ def _run(cfg: ReflactConfig, stage: Stage, optimizer, tracker: LiveRun | None, s
     summary = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.system.hashes(), started_at,
                         time.time)
     analysis = _analysis(cfg, stage, summary, launch_dir)
-    status, reason = run_status(summary["counts"], cfg, outcomes, stage.run_dir.root)
+    status, reason = run_status(summary["counts"], cfg, outcomes, stage.run_dir.root, optimizer.fault)
     run_id = tracker.finish(summary, status) if tracker is not None else None
+    if optimizer.fault and status == "FAILED":  # the reason says it all, in one line
+        return RunResult(stage.run_dir.root, summary, status, reason, run_id, analysis)
+    if optimizer.fault:
+        log.warning("%s", optimizer.fault)
     report_end(cfg, summary, stage.mode.label, stage.run_dir)
     report_analysis(analysis)
     return RunResult(stage.run_dir.root, summary, status, reason, run_id, analysis)
@@ -111,22 +116,31 @@ def _analysis(cfg: ReflactConfig, stage: Stage, summary: dict, launch_dir: Path)
         chosen.close()
 
 
+def warn_unpriced(cfg: ReflactConfig) -> None:
+    """Once per run: a model without a price has an unknown cost, shown so, never as $0."""
+    if priced(cfg):
+        return
+    model = cfg.optimizer.model
+    log.warning("optimizer.model %r has no price in optimizer.prices, so its cost is unknown (and no cost cap "
+                "can hold); %s (USD per million tokens)", model, how_to_price(model))
+
+
 def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: RunDir) -> None:
     """The run's last lines: what it did, and what needs a rerun."""
     c = summary["counts"]
     if cfg.optimizer.dry_run:
         log.info(
-            "dry run: %d prompts built, ~%d prompt and ~%d reply tokens, estimated $%.4f for %s; prompts in %s",
-            c["minibatches_dry_run"], c["tokens_prompt"], c["tokens_completion"], c["cost_usd"],
+            "dry run: %d prompts built, ~%d prompt and ~%d reply tokens, estimated %s for %s; prompts in %s",
+            c["minibatches_dry_run"], c["tokens_prompt"], c["tokens_completion"], usd(c["cost_usd"]),
             cfg.optimizer.model, run_dir.calls,
         )
     else:
         log.info(
             "done: %d minibatches (%d new, %d reused, %d failed, %d skipped), %d calls, %d from cache, "
-            "%d/%d %s kept, %d tokens, $%.4f spent now ($%.4f for all patches); outputs in %s",
+            "%d/%d %s kept, %d tokens, %s; outputs in %s",
             c["minibatches"], c["minibatches_done"], c["minibatches_reused"], c["minibatches_failed"],
             c["minibatches_skipped"], c["calls"], c["cache_hits"], c["edits_kept"], c["edits_proposed"],
-            label, c["tokens_prompt"] + c["tokens_completion"], c["spent_usd"], c["cost_usd"], run_dir.root,
+            label, c["tokens_prompt"] + c["tokens_completion"], _spent(c), run_dir.root,
         )
     if c["minibatches_not_run"]:
         log.warning("the cost limit optimizer.max_cost_usd=%s was reached: %d minibatch(es) not run",
@@ -134,6 +148,12 @@ def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: RunDir) -
     if c["minibatches_failed"]:
         log.warning("%d minibatch(es) failed; rerun with the same hydra.run.dir to redo only those",
                     c["minibatches_failed"])
+
+
+def _spent(c: dict) -> str:
+    if c["cost_usd"] is None:
+        return "cost unknown (no price for the model)"
+    return f"{usd(c['spent_usd'])} spent now ({usd(c['cost_usd'])} for all patches)"
 
 
 def report_analysis(analysis: dict) -> None:

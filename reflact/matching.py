@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from reflact.imports import one_at_a_time
 
 
+
 if TYPE_CHECKING:  # numpy is imported where it is used (it is slow to import)
     import numpy as np
 

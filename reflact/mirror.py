@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from reflact.config import ReflactConfig
+from reflact.config import ReflactConfig, priced
 from reflact.dataset import Dataset
 from reflact.events import MinibatchEnded, Planned, Replied
 from reflact.imports import one_at_a_time
@@ -52,13 +52,15 @@ class Totals:
     ended: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
     sums: dict[str, float] = field(default_factory=dict)
+    priced: bool = True  # false: the model has no price, so no cost is summed (unknown, not 0)
 
     def add(self, o: Outcome) -> None:
         self.ended += 1
         self.by_status[o.status] = self.by_status.get(o.status, 0) + 1
+        costs = {"cost_usd": o.cost_usd, "spent_usd": o.spent_usd} if self.priced else {}
         for key, value in {"calls": o.calls, "edits_proposed": o.proposed, "edits_kept": o.kept,
                            "tokens_prompt": o.usage.prompt, "tokens_completion": o.usage.completion,
-                           "cost_usd": o.cost_usd, "spent_usd": o.spent_usd}.items():
+                           **costs}.items():
             self.sums[key] = self.sums.get(key, 0.0) + value
 
     def counts(self) -> dict[str, float]:
@@ -72,7 +74,7 @@ class Mirror:
         self.store = store
         self.context = context
         self.positions: dict[str, int] = {}
-        self.totals = Totals()
+        self.totals = Totals(priced=priced(context.cfg))
 
     def open(self) -> str:
         """Creates the run (replacing any earlier one of the run dir), RUNNING since the run's start."""
@@ -138,7 +140,8 @@ class Mirror:
     def _ended(self, outcome: Outcome) -> list[tuple[str, float, int]]:
         self.totals.add(outcome)
         step = self.positions.get(outcome.tag, self.totals.ended - 1)
-        return [(key, value, step) for key, value in minibatch_metrics(asdict(outcome)).items()]
+        record = {**asdict(outcome), **({} if self.totals.priced else {"cost_usd": None})}
+        return [(key, value, step) for key, value in minibatch_metrics(record).items()]
 
     def _tags(self) -> dict[str, str]:
         c = self.context

@@ -59,16 +59,21 @@ class CallError(Exception):
 
     cause: str
     retries: int = 0
+    # set when the endpoint itself is unusable (every call of the run would fail): why, what to check
+    fatal: str = ""
 
     def __str__(self) -> str:
         return self.cause
 
 
 class Optimizer(Protocol):
+    fault: str  # "" until the endpoint is judged unusable; then why, and what to check
+
     def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None,
-                 sample: int | None = None) -> Reply:
+                 sample: int | None = None, label: str = "") -> Reply:
         """The model's reply to `messages`; raises CallError when the call finally failed. `sample`
-        (passed only with optimizer.samples > 1) is the draw's sample index."""
+        (passed only with optimizer.samples > 1) is the draw's sample index; `label` names the
+        request (its minibatch) in log lines."""
 
     def forget(self, replies: list[Reply]) -> None:
         """Replies that led nowhere: a later identical request must ask afresh."""
@@ -89,11 +94,13 @@ def output_allowance(cfg: OptimizerConfig, mode: Mode) -> int:
 class DryRunEstimator:
     """An optimizer that answers with an estimate: the prompt's tokens and a typical reply's."""
 
+    fault = ""  # nothing is called, so nothing can fail
+
     def __init__(self, reply_tokens: int) -> None:
         self.reply_tokens = reply_tokens
 
     def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None,
-                 sample: int | None = None) -> Reply:
+                 sample: int | None = None, label: str = "") -> Reply:
         usage = Usage(prompt=estimate_tokens(messages), completion=self.reply_tokens)
         return Reply(text="", finish_reason=None, usage=usage, latency_s=0.0, estimated=True)
 

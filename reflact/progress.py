@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from reflact.config import ReflactConfig
-from reflact.events import CallStarted, MinibatchEnded, Planned, Replied
+from reflact.config import ReflactConfig, priced
+from reflact.events import CallStarted, EndpointFailed, MinibatchEnded, Planned, Replied
 from reflact.modes import Mode
 from reflact.outcome import Outcome
 
@@ -23,6 +23,9 @@ class Progress:
         self.mode = mode
         self.total = self.ended = self.failed = self.in_flight = self.tokens = 0
         self.spent = 0.0
+        self.priced = priced(cfg)
+        # the endpoint is unusable: its minibatches' lines would all say so; the run's end line does, once
+        self.muted = False
         self._lock = threading.Lock()
 
     def __call__(self, event) -> None:
@@ -33,10 +36,13 @@ class Progress:
                 self.in_flight += 1
             elif isinstance(event, Replied):
                 self._replied(event)
+            elif isinstance(event, EndpointFailed):
+                self.muted = True
             elif isinstance(event, MinibatchEnded):
                 self.ended += 1
                 self.failed += event.outcome.status == "failed"
-                self._line(event.outcome)
+                if not (self.muted and event.outcome.status == "failed"):
+                    self._line(event.outcome)
 
     def _planned(self, event: Planned) -> None:
         r, k = self.cfg.reflect, self.cfg.optimizer.samples
@@ -68,7 +74,7 @@ class Progress:
         extras += f", {o.retries} retr{'y' if o.retries == 1 else 'ies'}" if o.retries else ""
         extras += f", {o.cache_hits} from cache" if o.cache_hits else ""
         log.info(
-            "[%*d/%d] %s (%d trajs): %s%s | failed %d, in flight %d, %s tokens, $%.4f",
+            "[%*d/%d] %s (%d trajs): %s%s | failed %d, in flight %d, %s tokens, %s",
             len(str(self.total)), self.ended, self.total, o.tag, o.analysed, detail, extras,
-            self.failed, self.in_flight, f"{self.tokens:,}", self.spent,
+            self.failed, self.in_flight, f"{self.tokens:,}", f"${self.spent:.4f}" if self.priced else "cost unknown",
         )

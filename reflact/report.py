@@ -27,7 +27,8 @@ from reflact.modes import mode_by_number
 METRICS = ("edits_kept", "apply_share", "edits_truncated", "parse_failures", "tokens", "cost_usd", "wall_time_s")
 # the analysis's run metrics: missing is not 0 (agreement needs two draws), so never filled in
 ANALYSED = ("agreement", "redundancy", "distinct_edits")
-UNFILLED = ("apply_share", *ANALYSED)  # likewise apply_share, counted in patch mode only
+# likewise apply_share (counted in patch mode only) and cost_usd (unknown for a model without a price)
+UNFILLED = ("apply_share", "cost_usd", *ANALYSED)
 JOBS = ("finished", "failed", "missing")  # a cell's jobs by how they ended
 SEED_AGREEMENT = "seed_agreement"
 PAGE = 1000  # runs per search request; every page is read
@@ -52,9 +53,10 @@ def sweep_runs(client, sweep_id: str):
 
 
 def derived(runs):
-    """The report's metrics from a DataFrame of run metrics (a missing one counts as 0)."""
+    """The report's metrics from a DataFrame of run metrics (a missing one counts as 0, but for the
+    cost: a run of an unpriced model logs none, and its cost is unknown, not 0)."""
     m = runs.reindex(columns=["edits_kept", "edits_truncated", "reasks", "minibatches_failed", "tokens_prompt",
-                              "tokens_completion", "cost_usd", "wall_time_s"]).fillna(0.0)
+                              "tokens_completion", "wall_time_s"]).fillna(0.0)
     m = m.assign(parse_failures=m.reasks + m.minibatches_failed, tokens=m.tokens_prompt + m.tokens_completion)
     return m.join(runs.reindex(columns=list(UNFILLED)))
 

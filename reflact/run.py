@@ -31,8 +31,18 @@ def _job(dict_cfg: DictConfig) -> float | None:
     multirun = hc.mode == RunMode.MULTIRUN
     # inside the job too: Hydra would wrap a mistake in its own report; in a sweep a failed job
     # is the sweep's to record (reflact.sweep), so that the other jobs still run
-    job = exits_on_user_error(fails_the_job(_run) if multirun else _run)
+    job = exits_on_user_error(fails_the_job(_run) if multirun else _run_fresh)
     return job(dict_cfg, hc, multirun)
+
+
+def _run_fresh(dict_cfg: DictConfig, hc: DictConfig, multirun: bool) -> float | None:
+    """A single run: the run dir Hydra made for it goes again when a mistake stops it."""
+    from reflact.newdir import FRESH_ENV, discarded_on_mistake
+
+    made = os.environ.get(FRESH_ENV)
+    # Hydra's own log file is all a fresh run dir holds before the run writes anything
+    with discarded_on_mistake(Path(hc.runtime.output_dir), Path(made) if made else None, {f"{hc.job.name}.log"}):
+        return _run(dict_cfg, hc, multirun)
 
 
 def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool) -> float | None:

@@ -41,7 +41,7 @@ def _head(name: str, summary: dict) -> str:
     lines += _table(["setting", "value"], [[k, _short(v)] for k, v in s.items() if k != "template_hashes"])
     lines += ["", "Template hashes: " + ", ".join(f"{g} `{h}`" for g, h in s["template_hashes"].items()), ""]
     lines += ["## Counts", ""]
-    lines += _table(["count", "value"], [[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in c.items()])
+    lines += _table(["count", "value"], [[k, _count(v)] for k, v in c.items()])
     if summary["skipped"]:
         lines += ["", "Skipped runs: " + ", ".join(f"`{i}` ({why})" for i, why in sorted(summary["skipped"].items()))]
     if "unused_trajectories" in summary:  # reflect.provenance
@@ -49,6 +49,12 @@ def _head(name: str, summary: dict) -> str:
         lines += ["", "Trajectories no kept item stands on: " + (", ".join(f"`{i}`" for i in unused) or "none")]
     lines += ["", "## Minibatches"]
     return "\n".join(lines) + "\n"
+
+
+def _count(value: object) -> str:
+    if value is None:  # a cost without a price for the model
+        return "unknown (no price for the model)"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def _patch_lines(o: Outcome, patch: dict, rows: list[dict], payload_key: str) -> list[str]:

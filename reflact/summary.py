@@ -9,7 +9,7 @@ import json
 import tempfile
 from dataclasses import asdict
 
-from reflact.config import ReflactConfig
+from reflact.config import ReflactConfig, priced
 from reflact.dataset import Dataset
 from reflact.modes import Mode
 from reflact.optimizer import Usage
@@ -43,15 +43,24 @@ def optimized_value(cfg: ReflactConfig, summary: dict) -> float | None:
     return float(summary["counts"][cfg.optimized_metric])
 
 
-def run_status(counts: dict, cfg: ReflactConfig, outcomes: list[Outcome], run_dir) -> tuple[str, str]:
+def usd(value: float | None) -> str:
+    """A cost for a log line: `$0.0123`, or `cost unknown` for an unpriced model."""
+    return "cost unknown" if value is None else f"${value:.4f}"
+
+
+def run_status(counts: dict, cfg: ReflactConfig, outcomes: list[Outcome], run_dir, fault: str = "") -> tuple[str, str]:
     """FINISHED, or FAILED and why (with what to check): no minibatch produced a patch, or one
-    finally failed while reflect.allow_failed_minibatches=false. A dry run makes no patch by design."""
+    finally failed while reflect.allow_failed_minibatches=false. A dry run makes no patch by design.
+    `fault`: the endpoint was judged unusable (reflact.client): then that is the reason, as it is."""
     failed = [o for o in outcomes if o.status == "failed"]
     first = f"; first error: {failed[0].error}" if failed else ""
     rerun = f"rerun with hydra.run.dir={run_dir} to redo only those"
     if cfg.optimizer.dry_run:
         return "FINISHED", ""
-    if counts["minibatches"] > counts["minibatches_skipped"] and not counts["minibatches_done"] + counts["minibatches_reused"]:
+    nothing_made = not counts["minibatches_done"] + counts["minibatches_reused"]
+    if fault and nothing_made:
+        return "FAILED", fault
+    if counts["minibatches"] > counts["minibatches_skipped"] and nothing_made:
         return "FAILED", (f"no minibatch produced a patch ({counts['minibatches_failed']} failed, "
                           f"{counts['minibatches_not_run']} not run{first}); check optimizer.base_url, optimizer.model "
                           f"and the key in ${cfg.optimizer.api_key_env}, then {rerun}")
@@ -107,8 +116,9 @@ def counts(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], wall_t
         "tokens_cached": usage.cached,
         "tokens_completion": usage.completion,
         "tokens_reasoning": usage.reasoning,
-        "cost_usd": round(sum(o.cost_usd for o in outcomes), 6),
-        "spent_usd": round(sum(o.spent_usd for o in outcomes), 6),
+        # unknown, not $0, without a price for the model
+        "cost_usd": round(sum(o.cost_usd for o in outcomes), 6) if priced(cfg) else None,
+        "spent_usd": round(sum(o.spent_usd for o in outcomes), 6) if priced(cfg) else None,
         "wall_time_s": round(wall_time_s, 3),
     }
 
@@ -158,12 +168,15 @@ def make_summary(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], 
         run_counts.update(apply_metrics(run_apply_counts(previews)))
     if support is not None:
         run_counts.update(support.counts())
+    unknown = {} if priced(cfg) else {"cost_usd": None, "spent_usd": None}
     summary = {
         "settings": settings(cfg, template_hashes),
         "counts": run_counts,
+        "cost_known": priced(cfg),  # false: the model has no price, cost_usd and spent_usd are null
         "skipped": dataset.skipped,
         "minibatches": [
-            {**asdict(o), "truncated": o.truncated, "apply": previews[o.tag].counts if o.tag in previews else {}}
+            {**asdict(o), **unknown, "truncated": o.truncated,
+             "apply": previews[o.tag].counts if o.tag in previews else {}}
             for o in outcomes
         ],
     }

@@ -70,6 +70,8 @@ def total_metrics(counts: dict, dry_run: bool) -> dict[str, float]:
     """Run counts as metrics; a dry run's tokens and cost are estimates and say so in their names."""
     metrics = {}
     for key, value in counts.items():
+        if value is None:  # a cost without a price: unknown, left out rather than logged as 0
+            continue
         if dry_run and key in ESTIMATED:
             key = f"estimated_{key}"
         elif dry_run and key == "spent_usd":
@@ -86,7 +88,7 @@ def analysis_metrics(analysis: dict) -> dict[str, float]:
 
 def minibatch_metrics(record: dict) -> dict[str, float]:
     """One minibatch's series values from its record (reflact.outcome.Outcome as a dict)."""
-    metrics = {f"minibatch/{key}": float(record[key]) for key in SERIES if key in record}
+    metrics = {f"minibatch/{key}": float(record[key]) for key in SERIES if record.get(key) is not None}
     metrics.update({f"minibatch/tokens_{key}": float(record["usage"][key]) for key in SERIES_TOKENS})
     if record.get("apply"):
         metrics["minibatch/apply_share"] = float(record["apply"]["apply_share"])

@@ -235,8 +235,9 @@ def test_demo_run_is_logged_to_mlflow(demo):
 
     metrics = run["metrics"]
     for key in ("M", "L", "seed", "mode", "calls", "edits_kept", "edits_proposed", "edits_truncated",
-                "tokens_prompt", "cost_usd", "wall_time_s"):
+                "tokens_prompt", "wall_time_s"):
         assert key in metrics, key
+    assert "cost_usd" not in metrics and "spent_usd" not in metrics  # `test` has no price: unknown, not 0
     assert (metrics["M"], metrics["L"], metrics["seed"], metrics["mode"]) == (8, 4, 42, 0)
     assert metrics["calls"] == 4 and metrics["edits_kept"] == 16
     assert metrics["edits_proposed"] == 24 and metrics["edits_truncated"] == 8
@@ -471,7 +472,7 @@ def test_empty_results_file_makes_no_call_and_logs_an_empty_summary(tmp_path, se
     counts = summary["counts"]
     assert {key: counts[key] for key in ("results", "failures", "successes", "minibatches", "calls", "edits_kept")} \
         == dict.fromkeys(("results", "failures", "successes", "minibatches", "calls", "edits_kept"), 0)
-    assert counts["cost_usd"] == 0 and counts["apply_share"] == 0
+    assert counts["cost_usd"] is None and counts["apply_share"] == 0  # `test` has no price
     assert (run_dir / "report.md").is_file() and (run_dir / "kept_items.jsonl").read_text() == ""
     assert not list((run_dir / "patches").iterdir())
     [run] = mlflow_state(launch_dir, "empty")

@@ -181,7 +181,8 @@ def test_each_call_is_a_trace_linked_to_the_run(held_run):
 
 def test_a_run_whose_calls_all_fail_exits_1_and_is_failed(tmp_path, launch_dir):
     data = write_dataset(tmp_path / "data", n_fail=3, n_succ=2)
-    with OptimizerServer(script=lambda r, n: Response(status=404, body={"error": {"message": "no such model"}})) as s:
+    # a 500 (a 404 before any reply is a dead endpoint's, with its own line: tests/test_endpoint.py)
+    with OptimizerServer(script=lambda r, n: Response(status=500, body={"error": {"message": "it broke"}})) as s:
         done = run_cli(*run_args(data, s, tmp_path / "run", "optimizer.retry.max_attempts=1"), cwd=launch_dir)
     assert done.returncode == 1, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("reflact:")]
