@@ -38,7 +38,6 @@ from reflact.completion import Completion, MalformedReply, read_completion
 from reflact.config import CacheMode, OptimizerConfig, Provider, StructuredOutput
 from reflact.errors import UserError
 from reflact.imports import resolve_lazy
-from reflact.imports import one_at_a_time
 from reflact.optimizer import CallError, Reply, Usage, estimate_tokens
 from reflact.ratelimit import RateLimiter
 
@@ -369,9 +368,6 @@ def is_transient(exc: BaseException) -> bool:
 def endpoint_fault(exc: BaseException) -> bool:
     """A fault of the endpoint itself (no connection, no such host, a refused key, no such model or
     path), as opposed to one of a request (a timeout, a rate limit, a server error)."""
-    with one_at_a_time():
-        import openai
-
     if isinstance(exc, openai.APITimeoutError):  # a subclass of APIConnectionError: a slow server
         return False
     if isinstance(exc, openai.APIConnectionError):
@@ -403,9 +399,6 @@ def say_retry(label: str, state: RetryCallState, attempts: int, secret: str) -> 
 
 def short_cause(exc: BaseException | None, secret: str = "") -> str:
     """A retry line's cause: the status alone for an HTTP error (its message is in the record)."""
-    with one_at_a_time():
-        import openai
-
     if isinstance(exc, openai.APIStatusError):
         return f"HTTP {exc.status_code}"
     text = describe_error(exc, secret) if exc is not None else "an error"
