@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,14 +221,13 @@ def analyse_run_dir(run_dir: RunDir, threshold: float, max_items: int | None = N
     return figures
 
 
-def warm() -> None:
+def warm(stage_ended: threading.Event) -> None:
     """Imports what the analysis needs: on a thread during the calls, once the first requests are
-    out, while the process waits for replies."""
-    import time
-
+    out, while the process waits for replies (at once when the stage already ended: the analysis
+    then waits for this thread, so no module is ever imported by two threads at once)."""
     from reflact.matching import warm_imports
 
-    time.sleep(WARM_AFTER_S)
+    stage_ended.wait(WARM_AFTER_S)
     warm_imports()
 
 

@@ -82,12 +82,17 @@ def _run(cfg: ReflactConfig, stage: Stage, optimizer, tracker: LiveRun | None, s
                  ", ".join(sorted(dataset.skipped)[:10]) + (" ..." if len(dataset.skipped) > 10 else ""))
     # the analysis at the end imports numpy, scipy and rapidfuzz (~0.25 s): load them while the
     # process waits for its first replies (a dry run keeps no items to analyse)
+    stage_ended = threading.Event()
+    warming = threading.Thread(target=analysis_warm, args=(stage_ended,), daemon=True)
     if not cfg.optimizer.dry_run and cfg.analysis.max_items:
-        threading.Thread(target=analysis_warm, daemon=True).start()
+        warming.start()
     try:
         outcomes = stage.run()
     finally:
         optimizer.close()
+        stage_ended.set()
+    if warming.is_alive():  # a stage quicker than the warm-up: its imports end before the analysis imports
+        warming.join()
     summary = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.system.hashes(), started_at,
                         time.time)
     analysis = analyse_run_dir(stage.run_dir, cfg.analysis.match_threshold, cfg.analysis.max_items)
