@@ -37,7 +37,9 @@ OWN = ("patches", "patches.reflact")
 
 
 class ReplayAdapter(base.EnvAdapter):
-    analyst_workers, failure_only, minibatch_size, edit_budget = 2, False, 3, 2
+    # one worker: SkillOpt's own reflect returns its patches in completion order, which is then its
+    # order by index only with one worker (reflact's order is the plan's with any number)
+    analyst_workers, failure_only, minibatch_size, edit_budget = 1, False, 3, 2
 
     def build_train_env(self, batch_size, seed, **kwargs):
         return replay.Replay(replay.train_ids(batch_size, seed))
@@ -62,7 +64,7 @@ def trainer_config(out_root: Path, server: OptimizerServer, mode: str) -> dict:
         "optimizer_azure_openai_api_key": "sk-local-test", "optimizer_model": "skillopt-test-model",
         "target_model": "unused", "reasoning_effort": "medium",
         "batch_size": 6, "num_epochs": 1, "accumulation": 1, "seed": 7, "train_size": 12,
-        "merge_batch_size": 2, "edit_budget": 3, "min_edit_budget": 2, "sel_env_num": 4, "analyst_workers": 2,
+        "merge_batch_size": 2, "edit_budget": 3, "min_edit_budget": 2, "sel_env_num": 4, "analyst_workers": 1,
         "skill_update_mode": mode, "use_skill_aware_reflection": True, "skill_aware_appendix_source": "both",
         "rewrite_reasoning_effort": "high", "eval_test": False, "use_gate": True,
     }
@@ -143,10 +145,15 @@ def test_skillopts_trainer_runs_the_same_with_reflact_installed(skillopt_process
     assert sorted(their_files) == sorted(our_files)
     for name in their_files:
         assert our_files[name] == their_files[name], name
-    assert all(n == 1 for step in support_counts(skillopt_process / "skillopt") for n in step)
-    assert any(n > 1 for step in support_counts(skillopt_process / "reflact") for n in step)
+    # an item that kept its support through the merge: 1 from SkillOpt's reflect, its minibatch's from reflact's
+    pairs = [(o, t) for ours_step, their_step in zip(support_counts(skillopt_process / "reflact"),
+                                                    support_counts(skillopt_process / "skillopt"))
+             for o, t in zip(ours_step, their_step, strict=True)]
+    assert all(o == t == 0 or (t == 1 and 1 <= o <= ReplayAdapter.minibatch_size) for o, t in pairs)
+    assert mode == "full_rewrite_minibatch" or any(o > 1 for o, _ in pairs)
     history = json.loads((skillopt_process / "reflact" / "history.json").read_text())
-    assert len(history) == 2 and any(step.get("n_appendix_notes_added") for step in history)
+    assert len(history) == 2
+    assert (mode == "full_rewrite_minibatch") != any(step.get("n_appendix_notes_added") for step in history)
 
     # reflact's calls went where SkillOpt's went, as SkillOpt's would: model, effort, key
     ours_analyst, theirs_analyst = analyst_requests(our_requests), analyst_requests(their_requests)

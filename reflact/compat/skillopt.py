@@ -30,6 +30,7 @@ patch): see the README, "SkillOpt".
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -39,7 +40,8 @@ from reflact.config import ReflactConfig
 from reflact.files import write_json
 from reflact.patches import LAPSES_ONLY
 
-REPLACED = "_reflact_replaced"  # where install() keeps SkillOpt's own function, on SkillOpt's module
+# on SkillOpt's module: its own function, kept by install(); on reflact's installed function: True
+REPLACED = "_reflact_replaced"
 
 
 def run_minibatch_reflect(
@@ -88,15 +90,22 @@ def run_minibatch_reflect(
     return patches
 
 
-def install() -> None:
+def install(config: ReflactConfig | None = None, overrides: Sequence[str] = ()) -> None:
     """Make SkillOpt's adapters reflect with reflact: sets `skillopt.gradient.reflect.run_minibatch_reflect`
-    (the name EnvAdapter.reflect imports at each call) and the package's re-export to reflact's."""
+    (the name EnvAdapter.reflect imports at each call) and the package's re-export to reflact's.
+    `config` / `overrides` then apply to every call (e.g. `mlflow.tracking_uri=...`, `optimizer.cache=off`)."""
     import skillopt.gradient
     import skillopt.gradient.reflect as module
 
-    if module.run_minibatch_reflect is not run_minibatch_reflect:
+    if not getattr(module.run_minibatch_reflect, REPLACED, False):
         setattr(module, REPLACED, module.run_minibatch_reflect)
-    module.run_minibatch_reflect = skillopt.gradient.run_minibatch_reflect = run_minibatch_reflect
+
+    @functools.wraps(run_minibatch_reflect)
+    def installed_reflect(*args, **kwargs):
+        return run_minibatch_reflect(*args, **{"config": config, "overrides": overrides, **kwargs})
+
+    setattr(installed_reflect, REPLACED, True)
+    module.run_minibatch_reflect = skillopt.gradient.run_minibatch_reflect = installed_reflect
 
 
 def uninstall() -> None:
@@ -104,15 +113,14 @@ def uninstall() -> None:
     import skillopt.gradient
     import skillopt.gradient.reflect as module
 
-    own = getattr(module, REPLACED, None)
-    if own is not None and module.run_minibatch_reflect is run_minibatch_reflect:
-        module.run_minibatch_reflect = skillopt.gradient.run_minibatch_reflect = own
+    if getattr(module.run_minibatch_reflect, REPLACED, False):
+        module.run_minibatch_reflect = skillopt.gradient.run_minibatch_reflect = getattr(module, REPLACED)
 
 
 @contextlib.contextmanager
-def installed():
+def installed(config: ReflactConfig | None = None, overrides: Sequence[str] = ()):
     """reflact as SkillOpt's reflect stage inside the block, SkillOpt's own again after it."""
-    install()
+    install(config, overrides)
     try:
         yield
     finally:
