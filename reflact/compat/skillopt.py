@@ -67,12 +67,12 @@ def run_minibatch_reflect(
     config: ReflactConfig | None = None,
     overrides: Sequence[str] = (),
 ) -> list[dict]:
-    """The saved patches, failures by index then successes (a minibatch that failed has none)."""
+    """The saved patches, failures by index then successes (a minibatch that failed has none); reflact's
+    record beside them, launched from there (its default outputs/ are in it, not in the trainer's cwd)."""
     from reflact.api import reflect
 
     out = Path(patches_dir)
-    run_dir = out.with_name(out.name + ".reflact")
-    cfg = _config(config, overrides)
+    run_dir, cfg = out.with_name(out.name + ".reflact"), _config(config, overrides)
     r = cfg.reflect
     r.workers, r.failure_only, r.minibatch_size, r.edit_budget = workers, failure_only, minibatch_size, edit_budget
     r.seed = r.seed if random_seed is None else random_seed  # None: reflact still shuffles, with its own seed
@@ -80,13 +80,17 @@ def run_minibatch_reflect(
     r.step_buffer = step_buffer(step_buffer_context, rejection_context, trajectory_memory_context)
     _skill_aware(cfg, skill_aware_reflection, skill_aware_appendix_source, read_skillopt=config is None)
     cfg.prompts.error, cfg.prompts.success = error_system, success_system
-    # launched from the run dir: the default outputs/ (cache, MLflow store) go there, not into the trainer's cwd
     done = reflect(results=results, skill=skill_content, predictions=prediction_dir, config=cfg, run_dir=run_dir,
                    launch_dir=run_dir)
     _count_calls(done)
-    patches = [as_skillopt_leaves(patch) for patch in done.patches.values()]
-    for tag, patch in zip(done.patches, patches):  # where SkillOpt's trainer reads them
-        write_json(out / f"{tag}.json", patch)
+    return _leave(done.patches, out)
+
+
+def _leave(saved: dict[str, dict], patches_dir: Path) -> list[dict]:
+    """The patches as SkillOpt's reflect returns them, written where SkillOpt's trainer reads them."""
+    patches = [as_skillopt_leaves(patch) for patch in saved.values()]
+    for tag, patch in zip(saved, patches):
+        write_json(patches_dir / f"{tag}.json", patch)
     return patches
 
 

@@ -28,9 +28,9 @@ def endpoint_overrides(environ: dict | None = None) -> list[str]:
     backend = _skillopt_backend()
     if environ.get("OPENAI_BASE_URL"):
         endpoint = [f"optimizer.base_url={environ['OPENAI_BASE_URL']}"]
-    elif backend is not None and backend.OPTIMIZER_ENDPOINT:
+    elif backend is not None:
         _check_protocol()
-        endpoint = _backend_endpoint(backend, environ)
+        endpoint = _backend_endpoint(backend, environ) if backend.OPTIMIZER_ENDPOINT else []
     else:
         endpoint = []
     model = backend.OPTIMIZER_DEPLOYMENT if backend is not None else environ.get("OPTIMIZER_DEPLOYMENT")
