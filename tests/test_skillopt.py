@@ -114,6 +114,9 @@ def test_a_rerun_resumes_and_returns_the_same_patches(tmp_path, endpoint):
 
 # ------------------------------------------------------------------ installed into SkillOpt, its settings read
 
+NO_MLFLOW = ["mlflow.enabled=false"]  # a plain override over what is read from SkillOpt (and quicker)
+
+
 @pytest.fixture
 def skillopt_settings(monkeypatch, tmp_path):
     """SkillOpt's process-wide optimizer and skill-aware settings, put back after the test; no OPENAI_*."""
@@ -164,7 +167,7 @@ def test_skillopts_openai_compatible_settings_model_key_effort_and_skill_aware_s
     configure_skill_aware_reflection(True, "failure_only")
     data, results, skill = inputs(tmp_path, n_fail=2, n_succ=2)
     patches = run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 2, False,
-                                    minibatch_size=2, edit_budget=1, random_seed=1)
+                                    minibatch_size=2, edit_budget=1, random_seed=1, overrides=NO_MLFLOW)
     assert {(r["model"], r["reasoning_effort"], r["max_completion_tokens"]) for r in server.requests} == {
         ("so-model", "low", 16384)}
     assert set(server.authorizations) == {"Bearer sk-skillopt-local"}
@@ -181,7 +184,8 @@ def test_skillopts_openai_compatible_settings_model_key_effort_and_skill_aware_s
 def test_skillopts_azure_key_settings_reach_the_azure_deployment(tmp_path, server, skillopt_settings):
     configure(skillopt_settings, server.base_url.removesuffix("/v1"), "api_key", key="azure-key-123", deployment="dep1")
     data, results, skill = inputs(tmp_path, n_fail=1, n_succ=0)
-    run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 1, True)
+    run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 1, True,
+                          overrides=NO_MLFLOW)
     assert [r["model"] for r in server.requests] == ["dep1"]
     assert server.authorizations == [None]  # Azure sends its key as api-key, never as a bearer token
 
@@ -205,6 +209,6 @@ def test_openai_base_url_and_an_explicit_argument_still_win_over_skillopts_setti
     monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
     data, results, skill = inputs(tmp_path, n_fail=1, n_succ=0)
     run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 1, True,
-                          skill_aware_reflection=False)
+                          skill_aware_reflection=False, overrides=NO_MLFLOW)
     assert server.count == 1 and server.requests[0]["model"] == "so-model"
     assert "## Skill-Aware Reflection" not in server.requests[0]["messages"][0]["content"]

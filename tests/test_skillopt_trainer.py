@@ -168,7 +168,10 @@ def test_skillopts_trainer_runs_the_same_with_reflact_installed(skillopt_process
     assert ours["analyst"] == theirs["analyst"]
     assert ours["analyst"]["prompt_tokens"] == 100 * len(ours_analyst)  # the server's usage, per call
     # reflact's record stays beside the patches; nothing in the trainer's working directory
-    assert (skillopt_process / "reflact" / "steps" / "step_0001" / "patches.reflact" / "summary.json").exists()
+    for step in ("step_0001", "step_0002"):  # each step its own record and MLflow run, in its folder
+        record = skillopt_process / "reflact" / "steps" / step / "patches.reflact"
+        assert (record / "summary.json").exists() and (record / "outputs" / "mlflow.db").exists()
+        assert json.loads((record / "mlflow_run.json").read_text())["status"] == "FINISHED"
     assert not (skillopt_process / "outputs").exists()
     if mode != "full_rewrite_minibatch":  # skill-aware reflection is not applied there, by either
         assert_same_carriers(skillopt_process)
