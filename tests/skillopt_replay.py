@@ -22,12 +22,12 @@ from tests.optimizer_server import Response, chat_body
 TASKS = [
     ("t01", "Refund order #4411, the blender arrived cracked.", "Amounts passed to refund() are in cents.",
      "refunded 49 instead of 4900"),
-    ("t02", "Change the delivery address on order #5120 to 12 Elm Road.", "Verify the order is not shipped before editing it.",
-     "edited an order already in transit"),
-    ("t03", "Cancel my subscription, I was charged twice this month.", "Check for a duplicate charge before cancelling.",
-     "cancelled without refunding the duplicate"),
-    ("t04", "Why is my parcel late? Tracking says it left Leeds on Monday.", "Quote the carrier's latest scan to the user.",
-     "guessed a delay reason"),
+    ("t02", "Change the delivery address on order #5120 to 12 Elm Road.",
+     "Verify the order is not shipped before editing it.", "edited an order already in transit"),
+    ("t03", "Cancel my subscription, I was charged twice this month.",
+     "Check for a duplicate charge before cancelling.", "cancelled without refunding the duplicate"),
+    ("t04", "Why is my parcel late? Tracking says it left Leeds on Monday.",
+     "Quote the carrier's latest scan to the user.", "guessed a delay reason"),
     ("t05", "Swap the red kettle on #6031 for the black one.", "Look up stock before promising an exchange.",
      "promised an item out of stock"),
     ("t06", "I want to return shoes bought 40 days ago.", "State the 30-day return window before refusing.",
@@ -154,13 +154,12 @@ def _payload(mode: str, rules: list[str], user: str) -> dict:
     if mode == "full":
         body = SKILL.rstrip() + "\n" + "".join(f"- {rule}\n" for rule in rules[:2])
         return {"skill_candidates": [{"title": "tighter", "change_summary": rules[:2], "new_skill": body}]}
-    anchor = next((line for line in user.split("## Current Skill\n", 1)[-1].splitlines() if line.startswith("- ")), "")
-    edits = []
-    for i, rule in enumerate(rules):
-        if i % 3 == 1:  # a target that is there, and one that is not (SkillOpt appends it)
-            edits.append({"op": "insert_after", "target": anchor if i % 2 else "- no such line", "content": f"- {rule}"})
-        else:
-            edits.append({"op": "append", "content": f"- {rule}"})
+    skill_lines = user.split("## Current Skill\n", 1)[-1].splitlines()
+    anchor = next((line for line in skill_lines if line.startswith("- ")), "")
+    # the first targets a line that is not there (SkillOpt's update appends it), the second one that is
+    targets = ["- no such line", anchor]
+    edits = [{"op": "insert_after", "target": targets[i], "content": f"- {rule}"} if i < 2
+             else {"op": "append", "content": f"- {rule}"} for i, rule in enumerate(rules)]
     return {"edits": edits}
 
 

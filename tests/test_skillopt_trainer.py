@@ -21,12 +21,12 @@ from tests.optimizer_server import OptimizerServer
 
 trainer_module = pytest.importorskip("skillopt.engine.trainer")
 base = pytest.importorskip("skillopt.envs.base")
-import skillopt.gradient.reflect as skillopt_reflect  # noqa: E402
-import skillopt.model.azure_openai as skillopt_openai  # noqa: E402
-import skillopt.optimizer.skill_aware as skill_aware  # noqa: E402
-import skillopt.prompts as skillopt_prompts  # noqa: E402
+import skillopt.gradient.reflect as skillopt_reflect
+import skillopt.model.azure_openai as skillopt_openai
+import skillopt.optimizer.skill_aware as skill_aware
+import skillopt.prompts as skillopt_prompts
 
-from reflact.compat import skillopt as compat  # noqa: E402
+from reflact.compat import skillopt as compat
 
 TIMINGS = {"timing", "wall_time_s", "total_wall_time_s", "total_wall_s", "wall_s", "elapsed_s", "timestamp"}
 # the one documented difference: reflact's patches say how many trajectories each stands on
@@ -75,7 +75,8 @@ def skillopt_process(monkeypatch, tmp_path):
     """SkillOpt's process-wide settings put back after the test; its prompts are our stand-ins."""
     for name in [n for n in os.environ if n.startswith(("OPENAI_", "AZURE_OPENAI", "OPTIMIZER_", "TARGET_"))]:
         monkeypatch.delenv(name)
-    for name in ("OPTIMIZER_AZURE_OPENAI_ENDPOINT", "OPTIMIZER_AZURE_OPENAI_API_KEY", "OPTIMIZER_AZURE_OPENAI_AUTH_MODE",
+    for name in ("OPTIMIZER_AZURE_OPENAI_ENDPOINT", "OPTIMIZER_AZURE_OPENAI_API_KEY",
+                 "OPTIMIZER_AZURE_OPENAI_AUTH_MODE",
                  "OPTIMIZER_AZURE_OPENAI_API_VERSION", "OPTIMIZER_DEPLOYMENT", "TARGET_DEPLOYMENT",
                  "AZURE_OPENAI_DEPLOYMENT", "REFLACT_CODEX_TRACE_TO_OPTIMIZER"):
         monkeypatch.setenv(name, "")  # the trainer writes these; monkeypatch removes them afterwards
@@ -151,6 +152,10 @@ def test_skillopts_trainer_runs_the_same_with_reflact_installed(skillopt_process
              for o, t in zip(ours_step, their_step, strict=True)]
     assert all(o == t == 0 or (t == 1 and 1 <= o <= ReplayAdapter.minibatch_size) for o, t in pairs)
     assert mode == "full_rewrite_minibatch" or any(o > 1 for o, _ in pairs)
+    if mode == "patch":  # the update appended the edit whose target was missing
+        files = (skillopt_process / "reflact").glob("steps/*/edit_apply_report.json")
+        reports = [json.loads(path.read_text()) for path in files]
+        assert any(row["status"].startswith("applied_insert_after_fallback") for rows in reports for row in rows)
     history = json.loads((skillopt_process / "reflact" / "history.json").read_text())
     assert len(history) == 2
     assert (mode == "full_rewrite_minibatch") != any(step.get("n_appendix_notes_added") for step in history)

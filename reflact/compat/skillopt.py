@@ -136,9 +136,8 @@ def as_skillopt_leaves(patch: dict) -> dict:
     (the model sent notes and no patch) is SkillOpt's carrier: its notes in a patch with no edits,
     and no failure patterns, so the step buffer counts them as SkillOpt's would."""
     inner = patch.get("patch")
-    lapses_only = (patch.get("source_type") == "failure" and isinstance(inner, dict) and len(inner) == 2
-                   and inner.get("reasoning") == LAPSES_ONLY and not any(v for k, v in inner.items() if k != "reasoning"))
-    if lapses_only:
+    empty = isinstance(inner, dict) and len(inner) == 2 and not any(v for k, v in inner.items() if k != "reasoning")
+    if patch.get("source_type") == "failure" and empty and inner.get("reasoning") == LAPSES_ONLY:
         return {"source_type": patch["source_type"], "patch": patch["patch"],
                 "appendix_notes": patch.get("appendix_notes", [])}
     return patch
