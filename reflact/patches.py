@@ -9,6 +9,9 @@ from pydantic import ValidationError
 from reflact.modes import Mode
 
 
+LAPSES_ONLY = "execution lapses only"  # the reasoning of a failure patch made of notes alone (no patch sent)
+
+
 class ReplyError(ValueError):
     """The reply's object does not fit the mode's schema; the message is used for the re-ask."""
 
@@ -101,7 +104,7 @@ def _notes_only(obj: dict, mode: Mode, why: str) -> CheckedReply:
     on disk)."""
     sent = obj.get("patch")
     if sent is None:
-        return CheckedReply(obj={**obj, "patch": {"reasoning": "execution lapses only", mode.payload_key: []}},
+        return CheckedReply(obj={**obj, "patch": {"reasoning": LAPSES_ONLY, mode.payload_key: []}},
                             proposed=0, kept=0)
     reasoning = sent.get("reasoning") if isinstance(sent, dict) else None
     patch = {"reasoning": reasoning if isinstance(reasoning, str) else "", mode.payload_key: [], "unusable": why}

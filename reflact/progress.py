@@ -74,7 +74,8 @@ class Progress:
         extras += f", {o.retries} retr{'y' if o.retries == 1 else 'ies'}" if o.retries else ""
         extras += f", {o.cache_hits} from cache" if o.cache_hits else ""
         log.info(
-            "[%*d/%d] %s (%d trajs): %s%s | failed %d, in flight %d, %s tokens, %s",
+            # no "[n/m]" counter: a trainer calling reflact logs its own stage tags that way
+            "reflact: %*d of %d ended, %s (%d trajs): %s%s | failed %d, in flight %d, %s tokens, %s",
             len(str(self.total)), self.ended, self.total, o.tag, o.analysed, detail, extras,
             self.failed, self.in_flight, f"{self.tokens:,}", f"${self.spent:.4f}" if self.priced else "cost unknown",
         )

@@ -168,7 +168,7 @@ def test_demo_run_writes_patches_calls_and_summary(demo):
 def test_demo_run_shows_progress(demo):
     text = output(demo["steps"]["first"]["proc"])
     for n in range(1, 5):
-        assert f"[{n}/4]" in text
+        assert f"reflact: {n} of 4 ended" in text
     assert "Traceback" not in text
 
 

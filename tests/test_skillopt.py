@@ -10,6 +10,7 @@ ours. Every model call, reflact's and SkillOpt's merge calls, goes to the loopba
 from __future__ import annotations
 
 import inspect
+import os
 import json
 import warnings
 
@@ -109,3 +110,105 @@ def test_a_rerun_resumes_and_returns_the_same_patches(tmp_path, endpoint):
     calls = endpoint.count
     again = run_minibatch_reflect(*args)
     assert endpoint.count == calls and again == first
+
+
+# ------------------------------------------------------------------ installed into SkillOpt, its settings read
+
+NO_MLFLOW = ["mlflow.enabled=false"]  # a plain override over what is read from SkillOpt (and quicker)
+
+
+@pytest.fixture
+def skillopt_settings(monkeypatch, tmp_path):
+    """SkillOpt's process-wide optimizer and skill-aware settings, put back after the test; no OPENAI_*."""
+    import skillopt.model.azure_openai as so
+    import skillopt.optimizer.skill_aware as sa
+
+    for name in [n for n in os.environ if n.startswith(("OPENAI_", "AZURE_OPENAI", "OPTIMIZER_"))]:
+        monkeypatch.delenv(name)
+    for name in ("OPTIMIZER_AZURE_OPENAI_ENDPOINT", "OPTIMIZER_AZURE_OPENAI_API_KEY",
+                 "OPTIMIZER_AZURE_OPENAI_AUTH_MODE", "OPTIMIZER_AZURE_OPENAI_API_VERSION", "OPTIMIZER_DEPLOYMENT"):
+        monkeypatch.setenv(name, "")  # SkillOpt writes these: removed again after the test
+        monkeypatch.delenv(name)
+    for attr in [a for a in vars(so) if a.isupper() or a.startswith("_optimizer")]:
+        monkeypatch.setattr(so, attr, getattr(so, attr))
+    monkeypatch.setattr(sa, "_RUNTIME", dict(sa._RUNTIME))
+    monkeypatch.chdir(tmp_path)
+    so.reset_token_tracker()
+    return so
+
+
+def configure(so, endpoint: str, auth_mode: str, key: str = "", deployment: str = "so-model") -> None:
+    """As SkillOpt's trainer does from its config."""
+    so.configure_azure_openai(optimizer_endpoint=endpoint, optimizer_auth_mode=auth_mode, optimizer_api_key=key or None)
+    so.set_optimizer_deployment(deployment)
+
+
+def test_install_is_what_skillopts_adapters_call_and_uninstall_puts_skillopts_back():
+    from reflact.compat import skillopt as compat
+
+    own = skillopt_reflect.run_minibatch_reflect
+    with compat.installed():
+        from skillopt.gradient.reflect import run_minibatch_reflect as seen  # as EnvAdapter.reflect imports it
+        import skillopt.gradient
+
+        assert seen is not own and seen.__wrapped__ is run_minibatch_reflect
+        assert skillopt.gradient.run_minibatch_reflect is seen
+        compat.install()  # twice: still one level deep
+        assert getattr(skillopt_reflect, compat.REPLACED) is own
+    assert skillopt_reflect.run_minibatch_reflect is own and skillopt.gradient.run_minibatch_reflect is own
+
+
+def test_skillopts_openai_compatible_settings_model_key_effort_and_skill_aware_switch_are_used(
+        tmp_path, server, skillopt_settings):
+    from skillopt.optimizer.skill_aware import configure_skill_aware_reflection
+
+    configure(skillopt_settings, server.base_url + "/", "openai_compatible", key="sk-skillopt-local")
+    skillopt_settings.set_reasoning_effort("low")
+    configure_skill_aware_reflection(True, "failure_only")
+    data, results, skill = inputs(tmp_path, n_fail=2, n_succ=2)
+    patches = run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 2, False,
+                                    minibatch_size=2, edit_budget=1, random_seed=1, overrides=NO_MLFLOW)
+    assert {(r["model"], r["reasoning_effort"], r["max_completion_tokens"]) for r in server.requests} == {
+        ("so-model", "low", 16384)}
+    assert set(server.authorizations) == {"Bearer sk-skillopt-local"}
+    failure, success = (r["messages"][0]["content"] for r in sorted(
+        server.requests, key=lambda r: "## Failed Trajectories" not in r["messages"][1]["content"]))
+    assert "## Skill-Aware Reflection" in failure and "## Skill-Aware Reflection" not in success  # failure_only
+    assert [p["appendix_notes"] for p in patches if p["source_type"] == "failure"] == [
+        ["Follow the verification rule.", "Check units."]]
+    summary = skillopt_settings.get_token_summary()  # the trainer's totals hold reflact's calls
+    assert summary["analyst"] == {"calls": 2, "prompt_tokens": 200, "completion_tokens": 100, "total_tokens": 300}
+    assert not (tmp_path / "outputs").exists() and (tmp_path / "patches.reflact" / "outputs" / "cache.db").exists()
+
+
+def test_skillopts_azure_key_settings_reach_the_azure_deployment(tmp_path, server, skillopt_settings):
+    configure(skillopt_settings, server.base_url.removesuffix("/v1"), "api_key", key="azure-key-123", deployment="dep1")
+    data, results, skill = inputs(tmp_path, n_fail=1, n_succ=0)
+    run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 1, True,
+                          overrides=NO_MLFLOW)
+    assert [r["model"] for r in server.requests] == ["dep1"]
+    assert server.authorizations == [None]  # Azure sends its key as api-key, never as a bearer token
+
+
+def test_skillopts_token_auth_is_refused_in_one_line_before_any_call(tmp_path, server, skillopt_settings):
+    from reflact.errors import UserError
+
+    configure(skillopt_settings, server.base_url, "azure_cli")
+    data, results, skill = inputs(tmp_path, n_fail=1, n_succ=0)
+    with pytest.raises(UserError, match="auth mode is 'azure_cli'"):
+        run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 1, True)
+    assert server.count == 0
+
+
+def test_openai_base_url_and_an_explicit_argument_still_win_over_skillopts_settings(
+        tmp_path, server, skillopt_settings, monkeypatch):
+    from skillopt.optimizer.skill_aware import configure_skill_aware_reflection
+
+    configure(skillopt_settings, "http://127.0.0.1:9/v1", "openai_compatible")  # nothing listens there
+    configure_skill_aware_reflection(True)
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+    data, results, skill = inputs(tmp_path, n_fail=1, n_succ=0)
+    run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 1, True,
+                          skill_aware_reflection=False, overrides=NO_MLFLOW)
+    assert server.count == 1 and server.requests[0]["model"] == "so-model"
+    assert "## Skill-Aware Reflection" not in server.requests[0]["messages"][0]["content"]

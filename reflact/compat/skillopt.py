@@ -1,30 +1,48 @@
-"""SkillOpt's reflect stage, run by reflact: a trainer switches with one import,
+"""SkillOpt's reflect stage, run by reflact.
 
-    from reflact.compat.skillopt import run_minibatch_reflect   # was: from skillopt.gradient.reflect import ...
+One line makes SkillOpt's own trainer reflect with reflact, with no change to SkillOpt:
 
-It takes the reference implementation's arguments (skillopt 0.2.0) and returns its return shape,
-a list of raw patch dicts, and writes them as `minibatch_fail_NNN.json` / `minibatch_succ_NNN.json`
-into `patches_dir`, where SkillOpt's trainer looks for them. Each patch also carries what SkillOpt's
-merge and trainer read: `batch_size` (the trajectories analysed: the patch's support),
-`source_type`, and failure patterns with `failure_type`, `count` and `description`.
+    reflact.compat.skillopt.install()
 
-The optimizer's endpoint and key come from the OpenAI SDK's variables, OPENAI_BASE_URL and
-OPENAI_API_KEY (the model from SkillOpt's OPTIMIZER_DEPLOYMENT when set), unless a `config` is
-passed. reflact's own record of the run (prompts, replies, outcomes, summary; MLflow) goes to
-`<patches_dir>.reflact/`, which is also what a rerun resumes from. Where reflact deliberately
-differs from the reference (sorted input, stricter parsing and re-asks, fenced trajectories,
-deterministic order): see the README, "SkillOpt".
+It sets the module attribute `skillopt.gradient.reflect.run_minibatch_reflect` (and the package's
+re-export `skillopt.gradient.run_minibatch_reflect`) to this module's `run_minibatch_reflect`: the
+function-local import in `skillopt.envs.base.EnvAdapter.reflect`, which every built-in adapter
+inherits, then finds reflact. Nothing else in SkillOpt changes; `uninstall()` puts SkillOpt's own
+function back, and `with installed(): ...` does both around a block. Code that calls
+`run_minibatch_reflect` itself imports it from here instead.
+
+It takes the reference implementation's arguments (skillopt 0.2.0), returns its return shape, a
+list of raw patch dicts, and writes them as `minibatch_fail_NNN.json` / `minibatch_succ_NNN.json`
+into `patches_dir`, where SkillOpt's trainer reads them. What the caller does not pass is read
+where SkillOpt's own reflect reads it (reflact.compat.skillopt_settings): the optimizer's endpoint,
+model, auth mode and key variable, `reasoning_effort`, the skill-aware switch and appendix source.
+OPENAI_BASE_URL, when set, names the server instead; a `config` replaces all of them. The analyst
+calls count in SkillOpt's token tracker, under its stage `analyst`, as its own reflect's do.
+
+reflact's own record of the run (prompts, replies, outcomes, summary, MLflow run) goes to
+`<patches_dir>.reflact/`, which a rerun resumes from; unless configured, the response cache and
+the MLflow store are in its `outputs/` (`cache.db`, `mlflow.db`, `mlartifacts/`), so nothing is
+written into the trainer's working directory. Where reflact deliberately differs from the reference (sorted input,
+stricter parsing and re-asks, fenced trajectories, deterministic order, a support count per
+patch): see the README, "SkillOpt".
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
+import functools
 import warnings
 from pathlib import Path
 from typing import Sequence
 
+from reflact.compat import skillopt_settings
 from reflact.config import ReflactConfig
 from reflact.files import write_json
+from reflact.imports import one_at_a_time
+from reflact.patches import LAPSES_ONLY
+
+# on SkillOpt's module: its own function, kept by install(); on reflact's installed function: True
+REPLACED = "_reflact_replaced"
 
 
 def run_minibatch_reflect(
@@ -50,31 +68,120 @@ def run_minibatch_reflect(
     config: ReflactConfig | None = None,
     overrides: Sequence[str] = (),
 ) -> list[dict]:
-    """The saved patches, failures by index then successes (a minibatch that failed has none)."""
-    from reflact.api import compose, reflect, with_overrides
+    """The saved patches, failures by index then successes (a minibatch that failed has none); reflact's
+    record beside them, launched from there (its default outputs/ are in it, not in the trainer's cwd)."""
+    from reflact.api import reflect
 
-    cfg = with_overrides(compose(_endpoint_overrides()) if config is None else config, overrides)
+    out = Path(patches_dir)
+    run_dir, cfg = out.with_name(out.name + ".reflact"), _config(config, overrides)
     r = cfg.reflect
     r.workers, r.failure_only, r.minibatch_size, r.edit_budget = workers, failure_only, minibatch_size, edit_budget
     r.seed = r.seed if random_seed is None else random_seed  # None: reflact still shuffles, with its own seed
     r.update_mode, r.meta_skill = update_mode or "patch", meta_skill_context or ""
     r.step_buffer = step_buffer(step_buffer_context, rejection_context, trajectory_memory_context)
-    _skill_aware(cfg, skill_aware_reflection, skill_aware_appendix_source)
+    _skill_aware(cfg, skill_aware_reflection, skill_aware_appendix_source, read_skillopt=config is None)
     cfg.prompts.error, cfg.prompts.success = error_system, success_system
-    out = Path(patches_dir)
-    done = reflect(results=results, skill=skill_content, predictions=prediction_dir, config=cfg,
-                   run_dir=out.with_name(out.name + ".reflact"))
-    for tag, patch in done.patches.items():  # where SkillOpt's trainer reads them
-        write_json(out / f"{tag}.json", patch)
-    return list(done.patches.values())
+    done = reflect(results=results, skill=skill_content, predictions=prediction_dir, config=cfg, run_dir=run_dir,
+                   launch_dir=run_dir)
+    _count_calls(done)
+    return _leave(done.patches, out)
 
 
-def _skill_aware(cfg: ReflactConfig, enabled: bool | None, appendix_source: str | None) -> None:
-    """None leaves reflact's own setting (the reference reads a process-wide switch instead)."""
+def _leave(saved: dict[str, dict], patches_dir: Path) -> list[dict]:
+    """The patches as SkillOpt's reflect returns them, written where SkillOpt's trainer reads them."""
+    patches = [as_skillopt_leaves(patch) for patch in saved.values()]
+    for tag, patch in zip(saved, patches):
+        write_json(patches_dir / f"{tag}.json", patch)
+    return patches
+
+
+def install(config: ReflactConfig | None = None, overrides: Sequence[str] = ()) -> None:
+    """Make SkillOpt's adapters reflect with reflact: sets `skillopt.gradient.reflect.run_minibatch_reflect`
+    (the name EnvAdapter.reflect imports at each call) and the package's re-export to reflact's.
+    `config` / `overrides` then apply to every call (e.g. `mlflow.tracking_uri=...`, `optimizer.cache=off`)."""
+    with one_at_a_time():
+        import skillopt.gradient
+        import skillopt.gradient.reflect as module
+
+    if not getattr(module.run_minibatch_reflect, REPLACED, False):
+        setattr(module, REPLACED, module.run_minibatch_reflect)
+
+    @functools.wraps(run_minibatch_reflect)
+    def installed_reflect(*args, **kwargs):
+        return run_minibatch_reflect(*args, **{"config": config, "overrides": overrides, **kwargs})
+
+    setattr(installed_reflect, REPLACED, True)
+    module.run_minibatch_reflect = skillopt.gradient.run_minibatch_reflect = installed_reflect
+
+
+def uninstall() -> None:
+    """Put SkillOpt's own reflect back (nothing to do when reflact is not installed)."""
+    with one_at_a_time():
+        import skillopt.gradient
+        import skillopt.gradient.reflect as module
+
+    if getattr(module.run_minibatch_reflect, REPLACED, False):
+        module.run_minibatch_reflect = skillopt.gradient.run_minibatch_reflect = getattr(module, REPLACED)
+
+
+@contextlib.contextmanager
+def installed(config: ReflactConfig | None = None, overrides: Sequence[str] = ()):
+    """reflact as SkillOpt's reflect stage inside the block, SkillOpt's own again after it."""
+    install(config, overrides)
+    try:
+        yield
+    finally:
+        uninstall()
+
+
+def as_skillopt_leaves(patch: dict) -> dict:
+    """The patch as SkillOpt's later stages read it. A failure minibatch of execution lapses only
+    (the model sent notes and no patch) is SkillOpt's carrier: its notes in a patch with no edits,
+    and no failure patterns, so the step buffer counts them as SkillOpt's would."""
+    inner = patch.get("patch")
+    empty = isinstance(inner, dict) and len(inner) == 2 and not any(v for k, v in inner.items() if k != "reasoning")
+    if patch.get("source_type") == "failure" and empty and inner.get("reasoning") == LAPSES_ONLY:
+        return {"source_type": patch["source_type"], "patch": patch["patch"],
+                "appendix_notes": patch.get("appendix_notes", [])}
+    return patch
+
+
+def _config(config: ReflactConfig | None, overrides: Sequence[str]) -> ReflactConfig:
+    """reflact's config when given; else SkillOpt's settings (OPENAI_BASE_URL still names the server)."""
+    from reflact.api import compose, with_overrides
+
+    return with_overrides(compose(skillopt_settings.endpoint_overrides()) if config is None else config, overrides)
+
+
+def _skill_aware(cfg: ReflactConfig, enabled: bool | None, appendix_source: str | None, read_skillopt: bool) -> None:
+    """What the caller passed; None reads SkillOpt's process-wide switch, as its reflect does
+    (with a reflact config given: that config's setting)."""
+    published = skillopt_settings.skill_aware() if read_skillopt else None
+    if enabled is None and published is not None:
+        enabled = published[0]
+    if appendix_source is None and published is not None:
+        appendix_source = published[1]
     if enabled is not None:
         cfg.reflect.skill_aware.enabled = enabled
     if appendix_source is not None:
         cfg.reflect.skill_aware.appendix_source = appendix_source
+
+
+def _count_calls(done) -> None:
+    """Each analyst call this run made (not a cache hit, not a reused patch) into SkillOpt's token
+    tracker, with the tokens the server reported: the trainer's totals then hold them."""
+    from reflact.rundir import RunDir
+
+    tracker = skillopt_settings.token_tracker()
+    if tracker is None:
+        return
+    rd = RunDir(done.run_dir)
+    for mb in done.summary["minibatches"]:
+        if mb["status"] not in ("done", "failed"):
+            continue
+        for call in (rd.outcome_record(mb["tag"]) or {}).get("call_log", []):
+            if "usage" in call and not call.get("from_cache"):
+                tracker.record("analyst", call["usage"]["prompt"], call["usage"]["completion"])
 
 
 def step_buffer(step_buffer_context: str, rejection_context: str, trajectory_memory_context: str) -> str:
@@ -88,14 +195,3 @@ def step_buffer(step_buffer_context: str, rejection_context: str, trajectory_mem
     if trajectory_memory_context:
         context = f"{context}\n{trajectory_memory_context}" if context else trajectory_memory_context
     return context
-
-
-def _endpoint_overrides() -> list[str]:
-    """The OpenAI SDK's own variables: OPENAI_BASE_URL (any OpenAI-compatible server) and
-    OPENAI_API_KEY (read by name, never stored); the model from OPTIMIZER_DEPLOYMENT when set."""
-    overrides = []
-    if os.environ.get("OPENAI_BASE_URL"):
-        overrides.append(f"optimizer.base_url={os.environ['OPENAI_BASE_URL']}")
-    if os.environ.get("OPTIMIZER_DEPLOYMENT"):
-        overrides.append(f"optimizer.model={os.environ['OPTIMIZER_DEPLOYMENT']}")
-    return overrides

@@ -1,0 +1,101 @@
+"""What SkillOpt's own reflect would use, read from SkillOpt's process-wide settings, as reflact overrides.
+
+SkillOpt's trainer publishes its config once per process: the optimizer's endpoint, auth mode, key
+and API version (`configure_azure_openai`, module settings of `skillopt.model.azure_openai`), the
+optimizer backend and deployment, `reasoning_effort` (`set_reasoning_effort`) and the skill-aware
+switch with its appendix source (`configure_skill_aware_reflection`). SkillOpt's reflect reads them
+at call time; so does the drop-in, here, when the caller gives reflact no config of its own. Keys
+are never copied: reflact is told the name of the variable SkillOpt keeps the key in.
+"""
+
+from __future__ import annotations
+
+import os
+
+from reflact.errors import UserError
+from reflact.imports import one_at_a_time
+
+COMPATIBLE_MODES = ("openai_compatible", "compat", "openai")
+KEY_MODES = ("api_key", "key")
+# where SkillOpt keeps the optimizer key, most specific first (configure_azure_openai writes the first)
+KEY_VARIABLES = ("OPTIMIZER_AZURE_OPENAI_API_KEY", "AZURE_OPENAI_OPTIMIZER_API_KEY", "AZURE_OPENAI_API_KEY")
+
+
+def endpoint_overrides(environ: dict | None = None) -> list[str]:
+    """The optimizer settings as overrides: OPENAI_BASE_URL wins when set (it names a server);
+    otherwise the endpoint SkillOpt's optimizer backend is configured with; with neither, reflact's
+    default (OpenAI, OPENAI_API_KEY). The model is SkillOpt's optimizer deployment in every case."""
+    environ = os.environ if environ is None else environ
+    backend = _skillopt_backend()
+    if environ.get("OPENAI_BASE_URL"):
+        endpoint = [f"optimizer.base_url={environ['OPENAI_BASE_URL']}"]
+    elif backend is not None:
+        _check_protocol()
+        endpoint = _backend_endpoint(backend, environ) if backend.OPTIMIZER_ENDPOINT else []
+    else:
+        endpoint = []
+    model = backend.OPTIMIZER_DEPLOYMENT if backend is not None else environ.get("OPTIMIZER_DEPLOYMENT")
+    return endpoint + ([f"optimizer.model={model}"] if model else []) + _effort(backend)
+
+
+def skill_aware() -> tuple[bool, str] | None:
+    """SkillOpt's process-wide skill-aware switch and appendix source (None without SkillOpt)."""
+    try:
+        with one_at_a_time():
+            from skillopt.optimizer.skill_aware import get_skill_aware_appendix_source, is_skill_aware_enabled
+    except ImportError:
+        return None
+    return is_skill_aware_enabled(), get_skill_aware_appendix_source()
+
+
+def token_tracker():
+    """SkillOpt's per-stage token counter of its OpenAI-protocol backend, whose totals the trainer
+    reports (None without SkillOpt)."""
+    backend = _skillopt_backend()
+    return None if backend is None else backend.tracker
+
+
+def _skillopt_backend():
+    """SkillOpt's OpenAI-protocol backend module (its optimizer settings), None without SkillOpt."""
+    try:
+        with one_at_a_time():
+            from skillopt.model import azure_openai
+    except ImportError:
+        return None
+    return azure_openai
+
+
+def _check_protocol() -> None:
+    with one_at_a_time():
+        from skillopt.model.backend_config import get_optimizer_backend
+
+    name = get_optimizer_backend()
+    if name != "openai_chat":
+        raise UserError(f"SkillOpt's optimizer_backend is {name!r}: reflact speaks the OpenAI protocol only "
+                        "(openai_chat: Azure or openai_compatible); set OPENAI_BASE_URL or pass config=")
+
+
+def _backend_endpoint(backend, environ) -> list[str]:
+    """Azure with a key, or any OpenAI-compatible server, as SkillOpt's optimizer client would reach it."""
+    mode, endpoint = backend.OPTIMIZER_AUTH_MODE, backend.OPTIMIZER_ENDPOINT
+    key_env = f"optimizer.api_key_env={_key_variable(backend.OPTIMIZER_API_KEY, environ)}"
+    if mode in COMPATIBLE_MODES:
+        return ["optimizer=compatible", f"optimizer.base_url={endpoint.rstrip('/')}", key_env,
+                "optimizer.token_limit_param=max_completion_tokens"]  # as SkillOpt's client sends it
+    if mode in KEY_MODES:
+        return ["optimizer=azure", f"optimizer.azure.endpoint={endpoint}",
+                f"optimizer.azure.deployment={backend.OPTIMIZER_DEPLOYMENT}",
+                f"optimizer.azure.api_version={backend.OPTIMIZER_API_VERSION}", key_env]
+    raise UserError(f"SkillOpt's optimizer auth mode is {mode!r} (Azure AD token auth): reflact's client takes a "
+                    "key only; set optimizer_azure_openai_auth_mode to api_key or openai_compatible, or pass config=")
+
+
+def _key_variable(key: str, environ) -> str:
+    """The variable holding SkillOpt's optimizer key (SkillOpt's own name when it has none: reflact
+    then sends no key, never another variable's)."""
+    return next((name for name in KEY_VARIABLES if key and environ.get(name) == key), KEY_VARIABLES[0])
+
+
+def _effort(backend) -> list[str]:
+    effort = backend.get_reasoning_effort() if backend is not None else None
+    return [f"optimizer.reasoning_effort={effort}"] if effort else []
