@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.optimizer_server import OptimizerServer, Response  # noqa: E402
+from reflact.testing.optimizer_server import OptimizerServer, Response  # noqa: E402
 
 
 def closed_port() -> str:

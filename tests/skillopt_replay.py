@@ -16,7 +16,7 @@ import random
 import re
 from pathlib import Path
 
-from tests.optimizer_server import Response, chat_body
+from reflact.testing.optimizer_server import Response, chat_body
 
 # (task id, what the user asked, the rule that makes the agent pass, how the run failed without it)
 TASKS = [

@@ -14,8 +14,8 @@ from reflact.client import make_client
 from reflact.errors import UserError
 from reflact.experiment import Launch, run_experiment
 from reflact.optimizer import CallError
+from reflact.testing.optimizer_server import OptimizerServer, Response
 from tests.conftest import make_config, run_cli, write_dataset
-from tests.optimizer_server import OptimizerServer, Response
 
 FAST = ["optimizer.retry.initial_wait_s=0.01", "optimizer.retry.max_wait_s=0.05", "optimizer.cache=off"]
 MESSAGES = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]

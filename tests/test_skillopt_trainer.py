@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from reflact.testing.optimizer_server import OptimizerServer
 from tests import skillopt_replay as replay
-from tests.optimizer_server import OptimizerServer
 
 trainer_module = pytest.importorskip("skillopt.engine.trainer")
 base = pytest.importorskip("skillopt.envs.base")
