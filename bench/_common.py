@@ -199,6 +199,7 @@ def run_reflact(data: Path, server: Server, launch: Path, name: str, **kw) -> di
 def compose_config(*overrides: str):
     """The typed, validated config `python -m reflact.run OVERRIDES` would use (Hydra's compose API)."""
     from hydra import compose, initialize_config_dir
+
     from reflact import config as reflact_config
 
     reflact_config.register()
@@ -209,7 +210,7 @@ def compose_config(*overrides: str):
 
 def run_stage(data: Path, server: Server, run_dir: Path, workers: int = 16, minibatch_size: int = 8,
               edit_budget: int = 4, seed: int = 42) -> dict:
-    """The reflect stage alone (reflact.stage.Stage.run) in a fresh process (bench/_stage_child.py):
+    """The reflect stage alone (reflact.running.stage.Stage.run) in a fresh process (bench/_stage_child.py):
     no interpreter start, Hydra job, preview or summary in the time; the client is built (the SDK
     imported) before the clock starts, but nothing is warmed up that a real run would not warm."""
     run_dir.mkdir(parents=True, exist_ok=True)

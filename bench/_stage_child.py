@@ -1,4 +1,4 @@
-"""The reflect stage alone, in a fresh process: `reflact.stage.Stage.run()` timed, JSON to --result.
+"""The reflect stage alone, in a fresh process: `reflact.running.stage.Stage.run()` timed, JSON to --result.
 
     python bench/_stage_child.py --data DIR --base-url URL --run-dir DIR --result FILE [--workers 16 ...]
 
@@ -32,9 +32,9 @@ def main() -> None:
 
     from _common import compose_config
 
-    from reflact.dataset import load_dataset
-    from reflact.optimizer import make_optimizer
-    from reflact.stage import Stage
+    from reflact.calls.protocol import make_optimizer
+    from reflact.inputs.dataset import load_dataset
+    from reflact.running.stage import Stage
 
     cfg = compose_config(
         f"data.dir={args.data}", "optimizer=compatible", f"optimizer.base_url={args.base_url}",

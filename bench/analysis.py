@@ -29,10 +29,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import rmtree, scratch  # noqa: E402
-from reflact.analysis import analyse_run_dir, load_run, seed_agreement  # noqa: E402
-from reflact.matching import item_key, match  # noqa: E402
-from reflact.plan import Minibatch  # noqa: E402
-from reflact.rundir import RunDir  # noqa: E402
+from reflact.analysis.figures import analyse_run_dir, load_run, seed_agreement  # noqa: E402
+from reflact.analysis.matching import item_key, match  # noqa: E402
+from reflact.prompting.plan import Minibatch  # noqa: E402
+from reflact.running.rundir import RunDir  # noqa: E402
 
 OPS = (("append", 0.5), ("insert_after", 0.25), ("replace", 0.15), ("delete", 0.10))
 

@@ -48,7 +48,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    BENCH, Server, make_dataset, median_text, reflact_cmd, rmtree, run_process, scratch,
+    BENCH,
+    Server,
+    make_dataset,
+    median_text,
+    reflact_cmd,
+    rmtree,
+    run_process,
+    scratch,
 )
 from reference import REF_VERSION, ensure_ref_venv, run_reference, same_minibatches  # noqa: E402
 

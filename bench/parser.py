@@ -1,4 +1,4 @@
-"""Time of reflact.parse.extract_object on adversarial replies as they double in size.
+"""Time of reflact.replies.parse.extract_object on adversarial replies as they double in size.
 
     python bench/parser.py [--sizes 10,20,40,80,160] [--budget 30] [--repeat 3]
 
@@ -25,7 +25,7 @@ import json
 import math
 import time
 
-from reflact import parse
+from reflact.replies import parse
 
 
 def _cut(unit: str, size: int) -> str:
@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    print(f"reflact.parse from {parse.__file__}")
+    print(f"reflact.replies.parse from {parse.__file__}")
     print(f"{'input':12s}" + "".join(f"{f'{s} KB':>18s}" for s in sizes) + "   per doubling   largest size returned")
     for label, make in INPUTS.items():
         cells, measured, result = [], [], ""

@@ -33,8 +33,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    BASE_ENV, BENCH, REPO, Server, chars_per_call, median_text, run_process, run_reflact, run_stage,
-    side_by_side_inputs, stage_arguments,
+    BASE_ENV,
+    BENCH,
+    REPO,
+    Server,
+    chars_per_call,
+    median_text,
+    run_process,
+    run_reflact,
+    run_stage,
+    side_by_side_inputs,
+    stage_arguments,
 )
 
 REF_VERSION = "0.2.0"

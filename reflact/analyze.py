@@ -24,11 +24,11 @@ import logging
 import sys
 from pathlib import Path
 
-from reflact.analysis import Run, analyse, load_run, seed_agreement, seed_by_cell, seed_metrics
+from reflact.analysis.figures import Run, analyse, load_run, seed_agreement, seed_by_cell, seed_metrics
 from reflact.config import AnalysisConfig, Matcher, ReflactConfig, check_threshold
 from reflact.errors import UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
-from reflact.rundir import RunDir, SweepDir
+from reflact.running.rundir import RunDir, SweepDir
 
 log = logging.getLogger("reflact")
 SHOWN = ("edits", "distinct_edits", "distinct_edits_per_usd", "redundancy", "agreement")
@@ -95,7 +95,7 @@ def settings(run_dirs: list[Path], matcher: str | None, overrides: list[str]) ->
 def figures(runs: list[Run], matcher) -> dict:
     """What the report shows: each run's figures and each cell's seed agreement, by `matcher`
     (or a lexical threshold)."""
-    from reflact.analysis import as_matcher
+    from reflact.analysis.figures import as_matcher
 
     matcher = as_matcher(matcher)
     per_run = []
@@ -195,7 +195,7 @@ def write_report(result: dict, out: Path) -> list[Path]:
 
 def log_to_parents(sweeps: list[SweepDir], metrics: dict[str, float], paths: list[Path]) -> bool:
     """The figures on each sweep's MLflow parent run; False when a store failed (with a warning)."""
-    from reflact.tracking import mlflow_defaults, one_line
+    from reflact.tracking.store import mlflow_defaults, one_line
 
     mlflow_defaults()
     with one_at_a_time():
@@ -222,7 +222,7 @@ def log_to_parents(sweeps: list[SweepDir], metrics: dict[str, float], paths: lis
 def analyze(paths: list[Path], out: Path | None, threshold: float | None, to_mlflow: bool,
             matcher: str | None = None, overrides: list[str] = ()) -> tuple[list[Path], bool]:
     """The command, from Python: (the report's files, whether everything asked was logged)."""
-    from reflact.matchers import matcher_for
+    from reflact.analysis.matchers import matcher_for
 
     run_dirs, sweeps = resolve(paths)
     if to_mlflow and not any(s.parent_record().get("run_id") for s in sweeps):

@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 
 from reflact.config import ReflactConfig
 from reflact.imports import one_at_a_time
-from reflact.outcome import WITH_PATCH
+from reflact.running.outcome import WITH_PATCH
 
 log = logging.getLogger("reflact")
 
@@ -67,7 +67,7 @@ def reflect(
     reflact.errors.Stopped on Ctrl-C (nothing new is called, what was made is kept).
     """
     from reflact.config import from_hydra
-    from reflact.newdir import discarded_on_mistake, first_missing
+    from reflact.running.newdir import discarded_on_mistake, first_missing
 
     launch = Path(launch_dir or Path.cwd()).resolve()
     cfg = compose(overrides) if config is None else with_overrides(config, overrides)
@@ -87,7 +87,7 @@ def run(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch) -> Re
     """The stage as an experiment, for the API and the command line (`launch` is a Path or an
     experiment.Launch): its result with the patches read back in plan order."""
     from reflact.experiment import Launch, run_experiment
-    from reflact.rundir import RunDir
+    from reflact.running.rundir import RunDir
 
     if not isinstance(launch, Launch):
         launch = Launch(Path(launch), record_config=lambda: _record_config(cfg, run_dir))
@@ -164,7 +164,7 @@ def _record_config(cfg: ReflactConfig, run_dir: Path) -> None:
     with one_at_a_time():
         from omegaconf import OmegaConf
 
-    from reflact.rundir import RunDir
+    from reflact.running.rundir import RunDir
 
     RunDir(run_dir).write_config(OmegaConf.to_yaml(_structured(cfg)), "[]\n")
 

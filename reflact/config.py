@@ -16,6 +16,7 @@ from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from reflact.errors import UserError
 from reflact.imports import one_at_a_time
+from reflact.metrics import APPLY_METRICS, PROVENANCE_METRICS, RUN_METRICS
 from reflact.modes import get_mode, normalize_mode
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -192,13 +193,13 @@ class JudgeConfig:
 class AnalysisConfig:
     # which matcher decides that two items are the same change (README: "Reading agreement and redundancy")
     matcher: Matcher = Matcher.lexical
-    # cheap vetoes on embedding matches (reflact.guards: numbers, negation, target); negation is
+    # cheap vetoes on embedding matches (reflact.analysis.guards: numbers, negation, target); negation is
     # left out by default: on the labelled pairs it cost 7 of 30 paraphrases (bench/README.md)
     guards: List[str] = field(default_factory=lambda: ["numbers", "target"])
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     # two items match when every compared field (lowercased, whitespace collapsed, words sorted)
-    # is at least this similar (rapidfuzz's token-sort ratio / 100); see reflact.matching
+    # is at least this similar (rapidfuzz's token-sort ratio / 100); see reflact.analysis.matching
     match_threshold: float = 0.85
     # every pair of kept items is compared: the work grows with their square, so a run with more
     # skips its own analysis (python -m reflact.analyze still makes it, when asked)
@@ -381,8 +382,6 @@ def how_to_price(model: str) -> str:
 def _check_optimized_metric(name: str | None, reflect: ReflectConfig) -> None:
     if name is None:
         return
-    from reflact.summary import APPLY_METRICS, PROVENANCE_METRICS, RUN_METRICS
-
     if name not in RUN_METRICS:
         raise UserError(f"optimized_metric: unknown run metric {name!r} (known: {', '.join(RUN_METRICS)})")
     if name in APPLY_METRICS and reflect.update_mode != "patch":

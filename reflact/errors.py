@@ -12,8 +12,6 @@ from typing import Callable, TypeVar
 
 from reflact.imports import one_at_a_time
 
-
-
 T = TypeVar("T")
 
 

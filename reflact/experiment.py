@@ -10,18 +10,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from reflact.analysis import analyse_run_dir
-from reflact.analysis import warm as analysis_warm
+from reflact.analysis.figures import analyse_run_dir
+from reflact.analysis.figures import warm as analysis_warm
+from reflact.analysis.matchers import matcher_for
+from reflact.calls.protocol import CHARS_PER_TOKEN, DRY_RUN_REPLY_TOKENS, DryRunEstimator, Optimizer
 from reflact.config import ReflactConfig, how_to_price, priced
-from reflact.dataset import load_dataset
 from reflact.errors import Stopped
-from reflact.live import LiveRun
-from reflact.matchers import matcher_for
-from reflact.mirror import RunContext
-from reflact.optimizer import make_optimizer
-from reflact.rundir import RunDir, locked
-from reflact.stage import Stage
-from reflact.summary import run_status, summarize, usd
+from reflact.inputs.dataset import load_dataset
+from reflact.modes import get_mode
+from reflact.running.rundir import RunDir, locked
+from reflact.running.stage import Stage
+from reflact.running.summary import run_status, summarize, usd
+from reflact.tracking.live import LiveRun
+from reflact.tracking.mirror import RunContext
 
 log = logging.getLogger("reflact")
 
@@ -44,7 +45,7 @@ class RunResult:
     status: str  # FINISHED or FAILED (a stopped run raises reflact.errors.Stopped)
     reason: str = ""  # why it failed, and what to check
     mlflow_run_id: str | None = None
-    analysis: dict | None = None  # agreement, redundancy, distinct items (reflact.analysis)
+    analysis: dict | None = None  # agreement, redundancy, distinct items (reflact.analysis.figures)
 
 
 def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch: Launch) -> RunResult:
@@ -173,3 +174,13 @@ def report_analysis(analysis: dict) -> None:
         log.info("analysis by %s: %d tokens, $%.4f (%s)", analysis["matcher"], analysis["analysis_tokens"],
                  analysis["analysis_cost_usd"], ", ".join(f"{kind}: {c['requests']} requests, {c['cache_hits']} from "
                                                           f"cache" for kind, c in analysis["analysis_calls"].items()))
+
+
+def make_optimizer(cfg: ReflactConfig, launch_dir: Path, skill: str, environ: dict | None = None) -> Optimizer:
+    """The run's optimizer: the dry-run estimator, or the client built from `optimizer.*`."""
+    if cfg.optimizer.dry_run:
+        full_rewrite = get_mode(cfg.reflect.update_mode).full_rewrite
+        return DryRunEstimator(DRY_RUN_REPLY_TOKENS + (len(skill) // CHARS_PER_TOKEN if full_rewrite else 0))
+    from reflact.calls.client import make_client
+
+    return make_client(cfg.optimizer, launch_dir, environ)

@@ -9,7 +9,6 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from reflact.errors import UserError
 
-
 EDIT_OPS = ("append", "insert_after", "replace", "delete")
 NEEDS_TARGET = ("insert_after", "replace", "delete")  # ops that find a target in the skill
 NEEDS_CONTENT = ("append", "insert_after", "replace")  # ops that write text
@@ -58,11 +57,12 @@ class Mode:
     budget_heading: str
     template_suffix: str  # appended to the group's template name in prompts/
     number: int  # the mode as a metric, so charts can use it; fixed: logged runs keep their meaning
+    short: str  # in run names, prompt names and reports: patch, rewrite, full_rewrite
     full_rewrite: bool = False
 
 
 MODES = {
-    "patch": Mode("patch", "edits", Edit, "edits", "Edit Budget", "", number=0),
+    "patch": Mode("patch", "edits", Edit, "edits", "Edit Budget", "", number=0, short="patch"),
     "rewrite_from_suggestions": Mode(
         "rewrite_from_suggestions",
         "revise_suggestions",
@@ -71,6 +71,7 @@ MODES = {
         "Suggestion Budget",
         "_rewrite",
         number=1,
+        short="rewrite",
     ),
     "full_rewrite_minibatch": Mode(
         "full_rewrite_minibatch",
@@ -80,6 +81,7 @@ MODES = {
         "Update Format",
         "_full_rewrite",
         number=2,
+        short="full_rewrite",
         full_rewrite=True,
     ),
 }

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from reflact.errors import UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
-from reflact.rundir import HYDRA, SUMMARY, RunDir
+from reflact.running.rundir import HYDRA, SUMMARY, RunDir
 
 log = logging.getLogger("reflact")
 
@@ -27,9 +27,9 @@ log = logging.getLogger("reflact")
 def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | None:
     """Logs the run dir as a new MLflow run (replacing the one it had); returns its id, or None
     (with a warning) when tracking failed."""
-    from reflact.mirror import Mirror
-    from reflact.summary import run_status
-    from reflact.tracking import Store, mlflow_globals_at, one_line
+    from reflact.running.summary import run_status
+    from reflact.tracking.mirror import Mirror
+    from reflact.tracking.store import Store, mlflow_globals_at, one_line
 
     rd = RunDir(run_dir.resolve())
     summary = rd.summary()
@@ -58,8 +58,8 @@ def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: di
         from omegaconf import OmegaConf
 
     from reflact import config
-    from reflact.mirror import RunContext
-    from reflact.tracking import tracking_uri as default_uri
+    from reflact.tracking.mirror import RunContext
+    from reflact.tracking.store import tracking_uri as default_uri
 
     config.register()
     cfg, params = config.from_hydra(OmegaConf.load(rd / HYDRA / "config.yaml"))
@@ -78,9 +78,9 @@ def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: di
 
 def _inputs(cfg):
     """(dataset, system prompts) as the run had them, or None for what is no longer there."""
-    from reflact.dataset import load_dataset
+    from reflact.inputs.dataset import load_dataset
     from reflact.modes import get_mode
-    from reflact.prompts import resolve_system_prompts
+    from reflact.prompting.prompts import resolve_system_prompts
 
     try:
         dataset = load_dataset(cfg.data)
@@ -97,8 +97,8 @@ def _inputs(cfg):
 
 
 def _outcomes(summary: dict) -> list:
-    from reflact.optimizer import Usage
-    from reflact.outcome import Outcome
+    from reflact.calls.protocol import Usage
+    from reflact.running.outcome import Outcome
 
     names = {f.name for f in fields(Outcome)}
     outcomes = []
@@ -109,8 +109,8 @@ def _outcomes(summary: dict) -> list:
 
 
 def _events(rd: RunDir, summary: dict, outcomes: list) -> list:
-    from reflact.events import MinibatchEnded, Planned
-    from reflact.plan import Minibatch, parse_tag
+    from reflact.prompting.plan import Minibatch, parse_tag
+    from reflact.running.events import MinibatchEnded, Planned
 
     plan = [Minibatch(record["group"], record["index"], [], (parse_tag(record["tag"]) or ("", 0, 0))[2])
             for record in summary["minibatches"]]

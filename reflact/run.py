@@ -30,14 +30,14 @@ def _job(dict_cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     # inside the job too: Hydra would wrap a mistake in its own report; in a sweep a failed job
-    # is the sweep's to record (reflact.sweep), so that the other jobs still run
+    # is the sweep's to record (reflact.sweeps.sweep), so that the other jobs still run
     job = exits_on_user_error(fails_the_job(_run) if multirun else _run_fresh)
     return job(dict_cfg, hc, multirun)
 
 
 def _run_fresh(dict_cfg: DictConfig, hc: DictConfig, multirun: bool) -> float | None:
     """A single run: the run dir Hydra made for it goes again when a mistake stops it."""
-    from reflact.newdir import FRESH_ENV, discarded_on_mistake
+    from reflact.running.newdir import FRESH_ENV, discarded_on_mistake
 
     made = os.environ.get(FRESH_ENV)
     # Hydra's own log file is all a fresh run dir holds before the run writes anything
@@ -48,7 +48,7 @@ def _run_fresh(dict_cfg: DictConfig, hc: DictConfig, multirun: bool) -> float | 
 def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool) -> float | None:
     from reflact.api import run
     from reflact.experiment import Launch
-    from reflact.summary import optimized_value
+    from reflact.running.summary import optimized_value
 
     run_dir = Path(hc.runtime.output_dir)
     cfg, params = config.from_hydra(dict_cfg)
@@ -64,7 +64,7 @@ def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool) -> float | None:
 def _record_config(dict_cfg: DictConfig, hc: DictConfig, run_dir: Path) -> None:
     """What Hydra would write to .hydra/ (hydra.output_subdir is off), written only once the
     config and inputs passed their checks, so a mistaken rerun leaves the record alone."""
-    from reflact.rundir import RunDir
+    from reflact.running.rundir import RunDir
 
     RunDir(run_dir).write_config(OmegaConf.to_yaml(dict_cfg), OmegaConf.to_yaml(list(hc.overrides.task)),
                                  OmegaConf.to_yaml({"hydra": hc}))

@@ -19,23 +19,23 @@ import pandas as pd
 import pytest
 from rapidfuzz import fuzz
 
-from reflact import matching
-from reflact.analysis import Item, Run, analyse, load_run, seed_agreement
-from reflact.client import make_client
-from reflact.dataset import load_dataset
+from reflact.analysis import matching
+from reflact.analysis.figures import Item, Run, analyse, load_run, seed_agreement
+from reflact.analysis.matching import item_key, match, match_chunks, normalise
+from reflact.calls.client import make_client
+from reflact.calls.protocol import DryRunEstimator
 from reflact.errors import UserError
 from reflact.experiment import Launch, run_experiment
-from reflact.matching import item_key, match, match_chunks, normalise
+from reflact.inputs.dataset import load_dataset
 from reflact.modes import MODES, SUPPORT_FIELD, reply_schema
-from reflact.optimizer import DryRunEstimator
-from reflact.patches import check_reply
-from reflact.prompts import GROUP_TEMPLATE, load_template, resolve_system_prompts
-from reflact.provenance import with_support_ids
-from reflact.report import add_seed_agreement, grid_rows, write_table
-from reflact.rundir import fingerprint
-from reflact.stage import Stage
-from tests.conftest import make_config, write_dataset
+from reflact.prompting.prompts import GROUP_TEMPLATE, load_template, resolve_system_prompts
+from reflact.replies.patches import check_reply
+from reflact.replies.provenance import with_support_ids
+from reflact.running.rundir import fingerprint
+from reflact.running.stage import Stage
+from reflact.sweeps.grid_report import add_seed_agreement, grid_rows, write_table
 from reflact.testing.optimizer_server import Response, chat_body, default_reply, seeded_items
+from tests.conftest import make_config, write_dataset
 
 PATCH = MODES["patch"]
 DEFAULT = 0.85  # analysis.match_threshold
@@ -152,7 +152,7 @@ def test_clusters_link_matches_transitively_and_labels_say_where_an_item_recurs(
 
 
 def item(tag: str, position: int, text: str) -> Item:
-    from reflact.plan import parse_tag
+    from reflact.prompting.plan import parse_tag
 
     return Item(tag, position, *parse_tag(tag), item_key({"op": "append", "content": text}))
 
@@ -390,7 +390,7 @@ def test_support_accepts_numbers_digit_strings_and_shown_ids(given, expected):
 
 @pytest.mark.parametrize("given", [[0], [True], ["first"], {"a": 1}, [2.5]])
 def test_support_refuses_what_is_no_position(given):
-    from reflact.patches import ReplyError
+    from reflact.replies.patches import ReplyError
 
     reply = {"patch": {"reasoning": "", "edits": [{"op": "append", "content": "x", SUPPORT_FIELD: given}]}}
     with pytest.raises(ReplyError, match=r"patch\.edits\[0\]\.supporting_trajectories"):
@@ -546,7 +546,7 @@ def test_analyze_mistakes_are_one_line_errors(tmp_path, two_seeds, args, names):
 def test_a_sweep_dir_stands_for_its_job_run_dirs_however_deep(tmp_path, two_seeds):
     """Hydra names job folders after their overrides: a value with a slash nests them deeper."""
     from reflact.analyze import resolve
-    from reflact.rundir import SweepDir
+    from reflact.running.rundir import SweepDir
 
     nested = two_seeds / "data.dir=" / "data" / "x,reflect.seed=1"
     nested.parent.mkdir(parents=True)
@@ -572,7 +572,7 @@ def test_analyze_refuses_runs_analysed_with_different_thresholds_unless_told(tmp
 def test_analyze_logs_to_the_sweeps_mlflow_parent(tmp_path, two_seeds, migrated_store):
     from mlflow.tracking import MlflowClient
 
-    from reflact.rundir import SweepDir
+    from reflact.running.rundir import SweepDir
 
     store = tmp_path / "mlflow.db"
     shutil.copy(migrated_store, store)

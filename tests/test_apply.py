@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reflact.apply import EditStatus, append_point, apply_counts, apply_edits, protected_regions, unified_diff
+from reflact.replies.apply import EditStatus, append_point, apply_counts, apply_edits, protected_regions, unified_diff
 
 SLOW = "<!-- SLOW_UPDATE_START -->\n- Never refund a disputed order.\n<!-- SLOW_UPDATE_END -->\n"
 APPX = "<!-- APPENDIX_START -->\n- Remember to log.\n<!-- APPENDIX_END -->\n"

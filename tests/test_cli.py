@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROJECT, run_cli
 from reflact.testing.optimizer_server import OptimizerServer
+from tests.conftest import PROJECT, run_cli
 
 CANARY = "sk-canary-123"
 PROMPTS = PROJECT / "prompts"

@@ -1,4 +1,4 @@
-"""Loading and checking a dataset folder (SPEC 1): reflact.dataset.load_dataset."""
+"""Loading and checking a dataset folder (SPEC 1): reflact.inputs.dataset.load_dataset."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from reflact.dataset import load_dataset, load_trajectory
 from reflact.errors import UserError
+from reflact.inputs.dataset import load_dataset, load_trajectory
 from tests.conftest import SKILL, make_config, write_dataset
 
 CONV = [{"role": "user", "content": "hi"}]
@@ -365,7 +365,7 @@ def test_largest_folder_name_is_accepted(tmp_path):
 def test_id_over_the_file_systems_name_limit_names_the_line(tmp_path, monkeypatch):
     # some file systems take fewer than 255 bytes per name: the limit comes from the folder's own
     data = write_results(tmp_path / "d", [row("a"), row("b" * 120)])
-    monkeypatch.setattr("reflact.dataset.os.pathconf", lambda path, name: 100)
+    monkeypatch.setattr("reflact.inputs.dataset.os.pathconf", lambda path, name: 100)
     message = user_error(data)
     assert f"{data / 'results.jsonl'}:2" in message and "120 bytes" in message and "100" in message
 
@@ -373,7 +373,7 @@ def test_id_over_the_file_systems_name_limit_names_the_line(tmp_path, monkeypatc
 def test_every_line_break_and_control_character_is_refused_in_ids():
     import unicodedata
 
-    from reflact.dataset import check_id
+    from reflact.inputs.dataset import check_id
 
     refused = 0
     for code in range(0x110000):

@@ -10,10 +10,10 @@ import sqlite3
 
 import pytest
 
-from reflact.client import make_client
+from reflact.calls.client import make_client
+from reflact.calls.protocol import CallError
 from reflact.errors import UserError
 from reflact.experiment import Launch, run_experiment
-from reflact.optimizer import CallError
 from reflact.testing.optimizer_server import OptimizerServer, Response
 from tests.conftest import make_config, run_cli, write_dataset
 
@@ -174,8 +174,8 @@ def test_a_priced_model_keeps_its_dollars(tmp_path, caplog):
 def test_unknown_costs_are_left_out_of_metrics_and_the_grid_report():
     import pandas as pd
 
-    from reflact.report import derived
-    from reflact.tracking import minibatch_metrics, total_metrics
+    from reflact.sweeps.grid_report import derived
+    from reflact.tracking.store import minibatch_metrics, total_metrics
 
     assert total_metrics({"calls": 3, "cost_usd": None, "spent_usd": None}, False) == {"calls": 3.0}
     record = {"proposed": 2, "cost_usd": None, "usage": {"prompt": 1, "completion": 2}}

@@ -18,21 +18,21 @@ from types import SimpleNamespace
 import openai
 import pytest
 
-from reflact import ratelimit
-from reflact.cache import ResponseCache
-from reflact.client import ABANDONED, is_transient, make_client, retry_after_s, wait_after
+from reflact.calls import ratelimit
+from reflact.calls.cache import ResponseCache
+from reflact.calls.client import ABANDONED, is_transient, make_client, retry_after_s, wait_after
+from reflact.calls.protocol import CallError, DryRunEstimator, Reply, Usage
+from reflact.calls.ratelimit import Bucket, RateLimiter
 from reflact.config import CacheMode
-from reflact.dataset import load_dataset
 from reflact.errors import UserError
 from reflact.experiment import Launch, run_experiment
+from reflact.inputs.dataset import load_dataset
 from reflact.modes import get_mode
-from reflact.optimizer import CallError, DryRunEstimator, Reply, Usage
-from reflact.patches import check_reply
-from reflact.ratelimit import Bucket, RateLimiter
-from reflact.plan import plan_minibatches
-from reflact.stage import Stage
-from tests.conftest import make_config, write_dataset
+from reflact.prompting.plan import plan_minibatches
+from reflact.replies.patches import check_reply
+from reflact.running.stage import Stage
 from reflact.testing.optimizer_server import OptimizerServer, Response, chat_body, default_reply
+from tests.conftest import make_config, write_dataset
 
 try:  # the HTTP client the installed openai SDK is built on
     import httpx2 as httpx
@@ -568,7 +568,7 @@ def test_a_price_for_a_new_model_can_be_given_on_the_command_line(tmp_path):
 
 
 class FakeClock:
-    """Stands in for the `time` module inside reflact.ratelimit: sleeping advances the clock."""
+    """Stands in for the `time` module inside reflact.calls.ratelimit: sleeping advances the clock."""
 
     def __init__(self) -> None:
         self.now = 1000.0

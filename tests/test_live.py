@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli, start_mlflow_server, stop, write_dataset
 from reflact.testing.optimizer_server import OptimizerServer, Response
+from tests.conftest import run_cli, start_mlflow_server, stop, write_dataset
 
 EXPERIMENT = "reflact"
 
@@ -387,7 +387,7 @@ def test_the_dataset_is_an_input_with_its_digest_and_counts(shown):
 def test_jobs_logging_the_same_dataset_at_once_all_get_it(tmp_path):
     """Parallel jobs of a sweep (joblib) log one dataset at the same moment: the store's unique key
     refuses all but one insert, and the others must find that row instead of failing."""
-    from reflact.tracking import Store
+    from reflact.tracking.store import Store
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     stores = [Store(uri, EXPERIMENT, tmp_path) for _ in range(8)]
@@ -453,8 +453,8 @@ def test_a_dry_run_is_tagged_and_logs_estimates_under_their_own_names(shown):
 
 def test_a_setting_set_on_one_side_only_is_another_fixed_setting(tmp_path):
     from reflact.errors import UserError
-    from reflact.rundir import SweepDir
-    from reflact.sweep import check_identity
+    from reflact.running.rundir import SweepDir
+    from reflact.sweeps.sweep import check_identity
 
     sweep = SweepDir(tmp_path)
     check_identity(sweep, {"data.dir": "a", "reflect.seed": "1"}, {"reflect.edit_budget": ["1", "2"]})

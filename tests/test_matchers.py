@@ -6,17 +6,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from reflact import guards
+from reflact.analysis import guards
+from reflact.analysis.matching import item_key
 from reflact.errors import UserError
 from reflact.experiment import Launch, run_experiment
-from reflact.matching import item_key
+from reflact.testing.optimizer_server import OptimizerServer, Response
 from tests.conftest import make_config, write_dataset
 from tests.embedding_server import MISSING, MODEL, available, embedding_server
-from reflact.testing.optimizer_server import OptimizerServer, Response
 
 needs_model = pytest.mark.skipif(not available(), reason=MISSING)
 

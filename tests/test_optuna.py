@@ -21,10 +21,10 @@ from omegaconf import open_dict
 
 from reflact import config as reflact_config
 from reflact.errors import UserError
-from reflact.rundir import SweepDir
-from reflact.sweep import check_identity, sweep_settings
-from tests.conftest import PROJECT, run_cli
+from reflact.running.rundir import SweepDir
+from reflact.sweeps.sweep import check_identity, sweep_settings
 from reflact.testing.optimizer_server import OptimizerServer
+from tests.conftest import PROJECT, run_cli
 
 HAS_OPTUNA = importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is not None
 OPTUNA_SPACE = {"reflect.minibatch_size": "choice(2,4,8)", "reflect.edit_budget": "int(interval(1,4))"}

@@ -1,4 +1,4 @@
-"""Finding the one JSON object in an optimizer reply (SPEC 4): reflact.parse.extract_object."""
+"""Finding the one JSON object in an optimizer reply (SPEC 4): reflact.replies.parse.extract_object."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from reflact.parse import MAX_DEPTH, ParseError, _closers, extract_object
+from reflact.replies.parse import MAX_DEPTH, ParseError, _closers, extract_object
 
 PATCH = {"patch": {"reasoning": "r", "edits": [{"op": "append", "content": "x"}]}}
 PATCH_JSON = json.dumps(PATCH)

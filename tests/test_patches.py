@@ -1,11 +1,11 @@
-"""From a parsed reply to a patch (SPEC 4): reflact.patches with the modes of reflact.modes."""
+"""From a parsed reply to a patch (SPEC 4): reflact.replies.patches with the modes of reflact.modes."""
 
 from __future__ import annotations
 
 import pytest
 
 from reflact.modes import get_mode
-from reflact.patches import ReplyError, check_reply, cut, normalize_notes
+from reflact.replies.patches import ReplyError, check_reply, cut, normalize_notes
 
 PATCH = get_mode("patch")
 REWRITE = get_mode("rewrite")

@@ -1,4 +1,4 @@
-"""The two messages of one call (SPEC 3): reflact.prompts."""
+"""The two messages of one call (SPEC 3): reflact.prompting.prompts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from reflact.errors import UserError
 from reflact.modes import get_mode
-from reflact.prompts import PROMPTS_DIR, resolve_system_prompts, text_or_file, user_message
+from reflact.prompting.prompts import PROMPTS_DIR, resolve_system_prompts, text_or_file, user_message
 from tests.conftest import make_config
 
 PATCH = get_mode("patch")

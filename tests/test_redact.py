@@ -1,4 +1,4 @@
-"""The API key echoed in an error text is redacted, also URL-encoded or JSON-escaped (reflact.client.redact)."""
+"""The API key echoed in an error text is redacted, also URL-encoded or JSON-escaped (reflact.calls.client.redact)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import urllib.parse
 
 import pytest
 
-from reflact.client import make_client, redact
-from reflact.optimizer import CallError
-from tests.conftest import make_config
+from reflact.calls.client import make_client, redact
+from reflact.calls.protocol import CallError
 from reflact.testing.optimizer_server import Response
+from tests.conftest import make_config
 
 # a key from the base64 alphabet: '+', '/' and '=' change when URL-encoded or JSON-escaped
 B64_KEY = "k3y+Ab/Cd=Ef+Gh/Ij+Kl/Mn=="

@@ -24,17 +24,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reflact.client import make_client
-from reflact.optimizer import CallError
-from reflact.dataset import load_dataset
+from reflact.calls.client import make_client
+from reflact.calls.protocol import CallError
 from reflact.errors import UserError
 from reflact.files import read_json
-from reflact.plan import plan_minibatches
-from reflact.stage import Stage
-from reflact.rundir import RunDir
-from reflact.summary import summarize
-from tests.conftest import make_config, run_cli, write_dataset
+from reflact.inputs.dataset import load_dataset
+from reflact.prompting.plan import plan_minibatches
+from reflact.running.rundir import RunDir
+from reflact.running.stage import Stage
+from reflact.running.summary import summarize
 from reflact.testing.optimizer_server import OptimizerServer, Response, chat_body, default_reply
+from tests.conftest import make_config, run_cli, write_dataset
 
 CANARY = "sk-canary-7f3a9c1e5b2d4a6f8e0c"
 IDS = re.compile(r"^### Trajectory \d+ of \d+ \(id: (.+)\)$", re.M)

@@ -1,4 +1,4 @@
-"""Rendering runs into prompt blocks (SPEC 1.2, 1.3): reflact.render, and the fencing of untrusted text."""
+"""Rendering runs into prompt blocks (SPEC 1.2, 1.3): reflact.inputs.render, and the fencing of untrusted text."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reflact.inputs.render import fence, inline, render_block, render_conversation, render_item, text_of
 from reflact.modes import get_mode
-from reflact.prompts import user_message
-from reflact.render import fence, inline, render_block, render_conversation, render_item, text_of
+from reflact.prompting.prompts import user_message
 
 # ---------------------------------------------------------------- a CommonMark fence walker
 
@@ -464,7 +464,7 @@ def test_values_python_cannot_serialise_render_as_a_placeholder():
 
 @pytest.mark.parametrize("length,limit", [(1000, 200), (16001, 16000), (301, 200)])
 def test_shortening_says_exactly_how_many_characters_it_cut(length, limit):
-    from reflact.render import shorten
+    from reflact.inputs.render import shorten
 
     text = "".join(chr(ord("a") + i % 26) for i in range(length))
     out = shorten(text, limit)

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from reflact.outcome import Outcome
-from reflact.run_report import minibatch_section
-from tests.conftest import write_dataset
+from reflact.running.outcome import Outcome
+from reflact.running.run_report import minibatch_section
 from reflact.testing.optimizer_server import Response, chat_body
+from tests.conftest import write_dataset
 from tests.test_stage import run_stage
 
 

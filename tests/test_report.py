@@ -1,18 +1,17 @@
-"""The sweep report's grid (reflact.report): grouping, mean and spread over seeds, every page read,
+"""The sweep report's grid (reflact.sweeps.grid_report): grouping, mean and spread over seeds, every page read,
 failed and missing jobs marked instead of averaged in."""
 
 from __future__ import annotations
 
+import csv
+import math
 from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 from mlflow.store.entities.paged_list import PagedList
 
-import csv
-import math
-
-from reflact.report import PAGE, grid_rows, sweep_runs, write_picture, write_table
+from reflact.sweeps.grid_report import PAGE, grid_rows, sweep_runs, write_picture, write_table
 
 
 def test_grid_groups_by_mode_m_l_with_mean_and_sample_spread():

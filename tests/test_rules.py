@@ -13,20 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from reflact.client import make_client
-from reflact.dataset import Dataset, load_dataset
+from reflact.calls.client import make_client
+from reflact.calls.protocol import DryRunEstimator
 from reflact.experiment import Launch, run_experiment
-from reflact.messages import Prompt
+from reflact.inputs.dataset import Dataset, load_dataset
 from reflact.modes import get_mode
-from reflact.optimizer import DryRunEstimator
-from reflact.outcome import Outcome
-from reflact.patches import CheckedReply, merge_replies
-from reflact.plan import Minibatch, plan_minibatches
-from reflact.rundir import RunDir, fingerprint
-from reflact.stage import Stage
-from reflact.summary import counts, run_status
-from tests.conftest import SKILL, long_dataset, make_config, write_dataset
+from reflact.prompting.messages import Prompt
+from reflact.prompting.plan import Minibatch, plan_minibatches
+from reflact.replies.patches import CheckedReply, merge_replies
+from reflact.running.outcome import Outcome
+from reflact.running.rundir import RunDir, fingerprint
+from reflact.running.stage import Stage
+from reflact.running.summary import counts, run_status
 from reflact.testing.optimizer_server import Response, chat_body, default_reply
+from tests.conftest import SKILL, long_dataset, make_config, write_dataset
 
 OFFLINE = "optimizer.base_url=http://127.0.0.1:9"  # never called: the plan and prompts only
 SHOWN_IDS = re.compile(r"^### Trajectory \d+ of \d+ \(id: (.+)\)$", re.M)

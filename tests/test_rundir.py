@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from reflact.optimizer import Usage
-from reflact.outcome import Outcome
-from reflact.rundir import RunDir
+from reflact.calls.protocol import Usage
+from reflact.running.outcome import Outcome
+from reflact.running.rundir import RunDir
 from tests.conftest import write_dataset
 from tests.test_stage import run_stage
 

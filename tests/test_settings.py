@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from reflact.errors import UserError
-from reflact.prompts import text_or_file
+from reflact.prompting.prompts import text_or_file
 from tests.conftest import make_config, run_cli
 
 DATA = "data.dir=unused"  # validation runs before the dataset is read

@@ -10,8 +10,8 @@ ours. Every model call, reflact's and SkillOpt's merge calls, goes to the loopba
 from __future__ import annotations
 
 import inspect
-import os
 import json
+import os
 import warnings
 
 import pytest
@@ -148,8 +148,8 @@ def test_install_is_what_skillopts_adapters_call_and_uninstall_puts_skillopts_ba
 
     own = skillopt_reflect.run_minibatch_reflect
     with compat.installed():
-        from skillopt.gradient.reflect import run_minibatch_reflect as seen  # as EnvAdapter.reflect imports it
         import skillopt.gradient
+        from skillopt.gradient.reflect import run_minibatch_reflect as seen  # as EnvAdapter.reflect imports it
 
         assert seen is not own and seen.__wrapped__ is run_minibatch_reflect
         assert skillopt.gradient.run_minibatch_reflect is seen

@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from reflact.client import make_client
-from reflact.dataset import load_dataset
-from reflact.plan import plan_minibatches
-from reflact.stage import Stage
-from tests.conftest import make_config, write_dataset
+from reflact.calls.client import make_client
+from reflact.inputs.dataset import load_dataset
+from reflact.prompting.plan import plan_minibatches
+from reflact.running.stage import Stage
 from reflact.testing.optimizer_server import Response, chat_body, default_reply
+from tests.conftest import make_config, write_dataset
 
 
 def run_stage(tmp_path, server, dataset_dir, *overrides, run_dir=None):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from reflact.rundir import SweepDir
+from reflact.running.rundir import SweepDir
 from reflact.testing.optimizer_server import OptimizerServer, Response
 from tests.conftest import PROJECT, run_cli, start_mlflow_server, stop, write_dataset
 
@@ -215,7 +215,7 @@ def sweeps(tmp_path_factory, migrated_store):
 
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     report_out = root / "report"
-    report_cli = [sys.executable, "-m", "reflact.report"]
+    report_cli = [sys.executable, "-m", "reflact.sweeps.grid_report"]
     known = subprocess.Popen([*report_cli, SWEEP_ID, "--tracking-uri", uri, "--out", str(report_out)],
                              cwd=launch, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     unknown = subprocess.Popen([*report_cli, "outputs/sweeps/nope", "--tracking-uri", uri,
@@ -600,8 +600,8 @@ NEUTRAL = ("optimizer.api_key_env=OTHER_KEY", "optimizer.prices.gpt-5.input=9", 
 @pytest.mark.parametrize("override", NEUTRAL)
 def test_a_setting_that_cannot_change_results_resumes_the_sweep(tmp_path, override):
     """The same sweep dir takes it, its job folder has the same name, and no patch fingerprint sees it."""
-    from reflact.rundir import fingerprint
-    from reflact.sweep import _typed, check_identity, sweep_settings
+    from reflact.running.rundir import fingerprint
+    from reflact.sweeps.sweep import _typed, check_identity, sweep_settings
 
     sweep = SweepDir(tmp_path)
     base, changed = composed(), composed(override)
@@ -618,7 +618,7 @@ def test_a_setting_that_cannot_change_results_resumes_the_sweep(tmp_path, overri
                                            ("optimizer.model=other", "optimizer.model")])
 def test_a_setting_that_changes_results_still_refuses_naming_the_key(tmp_path, override, key):
     from reflact.errors import UserError
-    from reflact.sweep import check_identity, sweep_settings
+    from reflact.sweeps.sweep import check_identity, sweep_settings
 
     sweep = SweepDir(tmp_path)
     check_identity(sweep, *sweep_settings(composed()))
@@ -629,7 +629,7 @@ def test_a_setting_that_changes_results_still_refuses_naming_the_key(tmp_path, o
 
 def test_a_sweep_dir_made_before_keeps_no_unchanging_setting_against_a_rerun(tmp_path):
     """sweep.json of an older reflact fixed the key variable and prices too: they are not compared."""
-    from reflact.sweep import check_identity, sweep_settings
+    from reflact.sweeps.sweep import check_identity, sweep_settings
 
     sweep = SweepDir(tmp_path)
     fixed, swept = sweep_settings(composed())

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 
-from reflact.client import make_client
-from reflact.dataset import load_dataset
+from reflact.calls.client import make_client
 from reflact.experiment import Launch, run_experiment
-from reflact.stage import Stage
-from reflact.rundir import RunDir
-from tests.conftest import long_dataset, make_config, write_dataset
+from reflact.inputs.dataset import load_dataset
+from reflact.running.rundir import RunDir
+from reflact.running.stage import Stage
 from reflact.testing.optimizer_server import Response, chat_body
+from tests.conftest import long_dataset, make_config, write_dataset
 
 
 def stage_for(tmp_path, server, data, *overrides):

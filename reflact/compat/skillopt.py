@@ -39,7 +39,7 @@ from reflact.compat import skillopt_settings
 from reflact.config import ReflactConfig
 from reflact.files import write_json
 from reflact.imports import one_at_a_time
-from reflact.patches import LAPSES_ONLY
+from reflact.replies.patches import LAPSES_ONLY
 
 # on SkillOpt's module: its own function, kept by install(); on reflact's installed function: True
 REPLACED = "_reflact_replaced"
@@ -170,7 +170,7 @@ def _skill_aware(cfg: ReflactConfig, enabled: bool | None, appendix_source: str 
 def _count_calls(done) -> None:
     """Each analyst call this run made (not a cache hit, not a reused patch) into SkillOpt's token
     tracker, with the tokens the server reported: the trainer's totals then hold them."""
-    from reflact.rundir import RunDir
+    from reflact.running.rundir import RunDir
 
     tracker = skillopt_settings.token_tracker()
     if tracker is None:

@@ -129,7 +129,7 @@ REWORDED = (
 
 
 def judge_reply(request: dict) -> dict | None:
-    """A deterministic judge (reflact.judge): two changes are the same when both are RULES[i] or
+    """A deterministic judge (reflact.analysis.judge): two changes are the same when both are RULES[i] or
     its REWORDED form, in any case and with or without the leading "- "; None for other requests."""
     if "## Same-change judge" not in str((request.get("messages") or [{}])[0].get("content")):
         return None

@@ -1,0 +1,180 @@
+"""Matching by meaning: items whose changes' embeddings are at least `analysis.embedding.threshold`
+cosine-similar match (within a block, and when reflact.analysis.guards let them).
+
+The vectors come from any OpenAI-compatible `/v1/embeddings` (`analysis.embedding.*`; the base URL
+and key default to the optimizer's), through the OpenAI SDK: the distinct texts in batches, each
+text's vector kept in the response cache under the endpoint, model and text (a re-analysis, or
+another run with the same items, asks for none again), the tokens and cost counted and every
+request bounded by what is left of `optimizer.max_cost_usd`. A server without embeddings (HTTP
+404) is one line, not a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from reflact.analysis.guards import passing
+from reflact.analysis.matching import Key, blocks_of
+from reflact.calls.cache import ResponseCache, cache_key
+from reflact.config import Price, RetryConfig
+from reflact.errors import UserError
+from reflact.imports import one_at_a_time
+
+log = logging.getLogger("reflact")
+CELLS_PER_CHUNK = 2_000_000  # similarities computed at once
+
+
+class AnalysisUnavailable(UserError):
+    """The analysis's calls cannot be made (no embeddings there, the cost cap, a failed call)."""
+
+
+@dataclass
+class Spent:
+    """What the analysis's requests cost, beside the stage's."""
+
+    requests: int = 0
+    cache_hits: int = 0  # texts (embeddings) or batches (judge) the cache answered
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"requests": self.requests, "cache_hits": self.cache_hits, "tokens": self.tokens,
+                "cost_usd": round(self.cost_usd, 6)}
+
+
+@dataclass
+class Embedder:
+    """Unit vectors for texts from one endpoint and model."""
+
+    sdk: object  # openai.OpenAI
+    model: str
+    endpoint: dict  # which server answers: part of the cache key
+    cache: ResponseCache | None
+    price: Price | None
+    spend: object  # reflact.running.ask.Spend: the cap shared with the judge
+    retry: RetryConfig
+    batch: int = 64
+    secret: str = ""
+    spent: Spent = field(default_factory=Spent)
+
+    def vectors(self, texts: list[str]):
+        """One row per text (float32, unit length); each distinct text asked for once."""
+        with one_at_a_time():
+            import numpy as np
+
+        distinct = list(dict.fromkeys(texts))
+        found = {text: self._cached(text) for text in distinct}
+        missing = [text for text, vector in found.items() if vector is None]
+        self.spent.cache_hits += len(distinct) - len(missing)
+        for start in range(0, len(missing), self.batch):
+            part = missing[start:start + self.batch]
+            found.update(zip(part, self._ask(part)))
+        if not texts:
+            return np.zeros((0, 1), dtype=np.float32)
+        matrix = np.asarray([found[text] for text in texts], dtype=np.float32)
+        return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+
+    def _key(self, text: str) -> str:
+        return cache_key({"embedding": self.model, "endpoint": self.endpoint, "input": text})
+
+    def _cached(self, text: str) -> list[float] | None:
+        hit = self.cache.get(self._key(text)) if self.cache else None
+        return hit["vector"] if hit else None
+
+    def _ask(self, texts: list[str]) -> list[list[float]]:
+        from reflact.calls.client import describe_error
+
+        worst = sum(len(t.encode("utf-8")) + 8 for t in texts) * (self.price.input if self.price else 0.0) / 1e6
+        if not self.spend.reserve(worst, threading.Event()):
+            raise AnalysisUnavailable("analysis: the cost limit optimizer.max_cost_usd leaves no room for the "
+                                      "embedding requests; raise it or use analysis.matcher=lexical")
+        cost = 0.0
+        try:
+            reply = self._create(texts)
+            vectors = [list(map(float, row.embedding)) for row in sorted(reply.data, key=lambda r: r.index)]
+            if len(vectors) != len(texts):
+                raise AnalysisUnavailable(f"analysis.embedding: the server returned {len(vectors)} embeddings "
+                                          f"for {len(texts)} texts")
+            tokens = int(getattr(reply.usage, "prompt_tokens", 0) or 0)
+            cost = tokens * (self.price.input if self.price else 0.0) / 1e6
+            self.spent.requests, self.spent.tokens = self.spent.requests + 1, self.spent.tokens + tokens
+            self.spent.cost_usd += cost
+        except AnalysisUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one line naming the setting, whatever the SDK raised
+            raise AnalysisUnavailable(self._why(exc, describe_error(exc, self.secret))) from None
+        finally:
+            self.spend.settle(worst, cost)
+        if self.cache:
+            for text, vector in zip(texts, vectors):
+                self.cache.put(self._key(text), {"vector": vector})
+        return vectors
+
+    def _create(self, texts: list[str]):
+        """One request, with the stage's retry policy (429 with Retry-After, 5xx, timeouts)."""
+        with one_at_a_time():
+            from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_before_delay
+
+        from reflact.calls.client import is_transient, wait_after
+
+        retrying = Retrying(retry=retry_if_exception(is_transient), reraise=True,
+                            stop=stop_after_attempt(self.retry.max_attempts) | stop_before_delay(self.retry.max_seconds),
+                            wait=wait_after(self.retry.initial_wait_s, self.retry.max_wait_s))
+        for attempt in retrying:
+            with attempt:
+                return self.sdk.embeddings.create(model=self.model, input=texts, encoding_format="float")
+
+    def _why(self, exc: Exception, described: str) -> str:
+        where = self.endpoint.get("base_url", "")
+        if getattr(exc, "status_code", None) == 404:
+            return (f"analysis.embedding: {where} has no embeddings for model {self.model!r} (HTTP 404 on "
+                    "/embeddings): set analysis.embedding.base_url and .model to a server that serves them, or "
+                    "analysis.matcher=lexical")
+        return f"analysis.embedding: the request to {where} failed: {described}"
+
+
+@dataclass
+class EmbeddingMatcher:
+    """Items match when their changes' embeddings are at least `threshold` similar (cosine) and
+    the guards named let them."""
+
+    embedder: Embedder
+    threshold: float
+    guards: tuple[str, ...] = ()
+    name = "embedding"
+
+    def chunks(self, keys: list[Key | None]):
+        with one_at_a_time():
+            import numpy as np
+
+        present = [i for i, key in enumerate(keys) if key is not None]
+        row = {index: n for n, index in enumerate(present)}
+        vectors = self.embedder.vectors([keys[i].meaning for i in present])
+        for members in blocks_of(keys):
+            positions = np.asarray(members)
+            block = vectors[[row[i] for i in members]]
+            for a, b in _similar(block, self.threshold):
+                if self.guards:
+                    keep = passing([keys[i] for i in members], self.guards, a, b)
+                    a, b = a[keep], b[keep]
+                yield positions[a], positions[b]
+
+    def describe(self) -> dict:
+        return {"matcher": self.name, "threshold": self.threshold, "guards": list(self.guards),
+                "matching": f"cosine of {self.embedder.model} embeddings ({self.embedder.endpoint.get('base_url')})"}
+
+
+def _similar(vectors, threshold: float):
+    """The pairs (i < j) of rows at least `threshold` cosine-similar, a chunk of rows at a time."""
+    with one_at_a_time():
+        import numpy as np
+
+    n = len(vectors)
+    rows = max(16, min(1024, CELLS_PER_CHUNK // max(n, 1)))
+    for start in range(0, n, rows):
+        scores = vectors[start:start + rows] @ vectors[start:].T
+        r, c = np.nonzero(scores >= threshold - 1e-6)  # a text against itself is 1 up to rounding
+        later = c > r
+        yield start + r[later], start + c[later]

@@ -1,0 +1,55 @@
+"""Cheap vetoes on a match, for what embeddings are known to miss: checked on the items' own text,
+before any judge call, in numpy over the candidate pairs.
+
+| guard | two items may match only when | what it costs (bench/README.md) |
+|---|---|---|
+| `numbers` | their changes name the same numbers (as digits) | a paraphrase that writes a number another way ("2 times" / "twice") |
+| `negation` | both or neither says no (not, never, no, don't, avoid, unless, without, ...) | a paraphrase that turns "instead of guessing" into "do not guess" |
+| `target` | an `insert_after` or `replace` edit names the same target line | none seen: the model copies target lines from the skill |
+
+The first two are sound where a number or a "not" is the whole difference; a rule put the other
+way round without a negation word ("prefer A over B" / "prefer B over A") passes them.
+"""
+
+from __future__ import annotations
+
+import re
+
+from reflact.analysis.matching import Key
+from reflact.imports import one_at_a_time
+
+NAMES = ("numbers", "negation", "target")
+_WORDS = re.compile(r"[a-z]+(?:'t)?|\d+(?:[.,]\d+)?")
+# digits only: number words are as often no quantity ("one more try", "the two candidates")
+NEGATIONS = frozenset({"not", "no", "never", "nor", "neither", "without", "unless", "avoid", "cannot",
+                       "don't", "doesn't", "didn't", "isn't", "aren't", "won't", "can't", "shouldn't", "mustn't"})
+
+
+def numbers(text: str) -> tuple[str, ...]:
+    words = _WORDS.findall(text.lower())
+    return tuple(sorted(w for w in words if w[0].isdigit()))
+
+
+def negated(text: str) -> bool:
+    return any(w in NEGATIONS for w in _WORDS.findall(text.lower()))
+
+
+def feature(name: str, key: Key) -> object:
+    if name == "numbers":
+        return numbers(key.meaning)
+    if name == "negation":
+        return negated(key.meaning)
+    return key.anchor
+
+
+def passing(keys: list[Key], names: tuple[str, ...], a, b):
+    """A mask over the pairs (a, b), positions in `keys`: True where every guard named lets them match."""
+    with one_at_a_time():
+        import numpy as np
+
+    keep = np.ones(len(a), dtype=bool)
+    for name in names:
+        codes: dict = {}
+        values = np.array([codes.setdefault(feature(name, key), len(codes)) for key in keys])
+        keep &= values[a] == values[b]
+    return keep

@@ -1,0 +1,85 @@
+"""The matcher `analysis.matcher` names, built from the config: lexical (reflact.analysis.matching, no
+call), embedding (reflact.analysis.embedding) or judge (reflact.analysis.judge), with what its calls cost."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reflact.analysis.embedding import Embedder, EmbeddingMatcher, Spent
+from reflact.analysis.guards import NAMES
+from reflact.analysis.matching import Lexical
+from reflact.config import CacheMode, Matcher, ReflactConfig
+from reflact.errors import UserError
+from reflact.imports import one_at_a_time
+
+
+@dataclass
+class Chosen:
+    matcher: object
+    spent: dict[str, Spent] = field(default_factory=dict)  # per kind of call: embedding, judge
+    closers: list = field(default_factory=list)
+
+    def usage(self) -> dict:
+        """The analysis's calls, for analysis.json: per kind and in all."""
+        if not self.spent:
+            return {}
+        parts = {kind: spent.as_dict() for kind, spent in self.spent.items()}
+        total = {key: round(sum(p[key] for p in parts.values()), 6) for key in ("requests", "tokens", "cost_usd")}
+        return {"analysis_calls": parts, "analysis_tokens": int(total["tokens"]), "analysis_cost_usd": total["cost_usd"]}
+
+    def close(self) -> None:
+        for close in self.closers:
+            close()
+
+
+def matcher_for(cfg: ReflactConfig, launch_dir: Path, spent_usd: float = 0.0, raw_dir: Path | None = None,
+                threshold: float | None = None, environ: dict | None = None) -> Chosen:
+    """The configured matcher; `spent_usd`: what the invocation already spent against the cap;
+    `threshold` (the --threshold of reflact.analyze) replaces the matcher's own."""
+    a = cfg.analysis
+    if a.matcher is Matcher.lexical:
+        return Chosen(Lexical(a.match_threshold if threshold is None else threshold))
+    from reflact.running.ask import Spend
+
+    limit = cfg.optimizer.max_cost_usd
+    spend = Spend(None if limit is None else max(limit - spent_usd, 0.0))
+    embedder, closers = _embedder(cfg, launch_dir, spend, environ)
+    chosen = Chosen(None, {"embedding": embedder.spent}, closers)
+    guards = tuple(name for name in NAMES if name in a.guards)
+    if a.matcher is Matcher.embedding:
+        chosen.matcher = EmbeddingMatcher(embedder, a.embedding.threshold if threshold is None else threshold, guards)
+        return chosen
+    from reflact.analysis.judge import JudgeMatcher
+    from reflact.calls.client import make_client
+
+    client = make_client(cfg.optimizer, launch_dir, environ)
+    chosen.closers.append(client.close)
+    candidates = EmbeddingMatcher(embedder, a.judge.candidate_threshold if threshold is None else threshold, guards)
+    chosen.spent["judge"] = Spent()
+    chosen.matcher = JudgeMatcher(candidates, client, cfg.optimizer.prices.get(cfg.optimizer.model), spend,
+                                  a.judge.batch, a.judge.max_output_tokens, raw_dir, chosen.spent["judge"])
+    return chosen
+
+
+def _embedder(cfg: ReflactConfig, launch_dir: Path, spend, environ: dict | None) -> tuple[Embedder, list]:
+    from reflact.calls.cache import ResponseCache
+
+    e, o = cfg.analysis.embedding, cfg.optimizer
+    environ = os.environ if environ is None else environ
+    base_url, key_env = e.base_url or o.base_url, e.api_key_env or o.api_key_env
+    key = environ.get(key_env, "")
+    if not key and not base_url:
+        raise UserError(f"analysis.matcher={cfg.analysis.matcher.value}: no key for the embeddings: set the "
+                        f"environment variable {key_env}, or analysis.embedding.base_url for a local server")
+    with one_at_a_time():
+        import openai
+
+    sdk = openai.OpenAI(base_url=base_url, api_key=key or "not-needed", timeout=o.timeout_s, max_retries=0)
+    cache = None
+    if o.cache is not CacheMode.off:
+        cache = ResponseCache(Path(o.cache_path) if o.cache_path else launch_dir / "outputs" / "cache.db", o.cache)
+    embedder = Embedder(sdk, e.model, {"base_url": str(sdk.base_url)}, cache, o.prices.get(e.model), spend, o.retry,
+                        e.batch, key)
+    return embedder, [sdk.close] + ([cache.close] if cache else [])

@@ -1,0 +1,470 @@
+"""The optimizer (reflact.calls.protocol.Optimizer) over the OpenAI SDK: any OpenAI-compatible server.
+
+tenacity is the one retry policy (the SDK's own retries are off, or attempts multiply); the
+response cache answers repeated requests without a call; the rate limiter paces all workers.
+Requests go through the SDK's async client on one background event loop (`Transport`): only
+there can a request be bounded as a whole (the HTTP timeouts bound each read, so a server
+sending a byte a second never times out) and be abandoned from another thread on close().
+Every reply body is read by reflact.calls.completion, never trusted as it comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import email.utils
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+# the SDK is slow to import: this module is imported only when a real client is made (--help needs none)
+import anyio
+import openai
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_before_delay,
+    wait_exponential_jitter,
+)
+
+from reflact.calls.cache import ResponseCache, cache_key
+from reflact.calls.completion import Completion, MalformedReply, read_completion
+from reflact.calls.protocol import CallError, Reply, Usage, estimate_tokens
+from reflact.calls.ratelimit import RateLimiter
+from reflact.config import CacheMode, OptimizerConfig, Provider, StructuredOutput
+from reflact.errors import UserError
+from reflact.imports import resolve_lazy
+
+log = logging.getLogger("reflact")
+
+ABANDONED = "abandoned: the run is stopping"
+# how long a worker waits past optimizer.timeout_s before it stops waiting for the event loop
+# itself (which only a bug could stall): a request's own deadline is timeout_s
+LOOP_GRACE_S = 30.0
+CLOSE_WAIT_S = 5.0  # close() waits this long at most for the connections to be shut
+
+
+class Abandoned(Exception):
+    """The client was closed: the request was cancelled, or never sent."""
+
+
+def redact(text: str, secret: str) -> str:
+    """Error texts can echo the key (or its last 8 characters), also URL-encoded or JSON-escaped
+    when a server quotes the request back; none of it may reach a log or a file."""
+    if not secret:
+        return text
+    import re
+
+    def hex_digits(number: int, width: int) -> str:  # either case: %2f and %2F, \u002f and \u002F
+        return "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in f"{number:0{width}x}")
+
+    def char(ch: str) -> str:
+        forms = [re.escape(ch), "".join("%" + hex_digits(byte, 2) for byte in ch.encode("utf-8"))]
+        if ord(ch) <= 0xFFFF:
+            forms.append(r"\\u" + hex_digits(ord(ch), 4))
+        if ch in '/"\\':
+            forms.append(re.escape("\\" + ch))
+        if ch == " ":
+            forms.append(r"\+")  # a form-encoded space
+        return "(?:" + "|".join(forms) + ")"
+
+    parts = [secret, secret[-8:]] if len(secret) >= 16 else [secret]
+    echoed = re.compile("|".join("".join(map(char, part)) for part in parts))
+    return echoed.sub("***", text)
+
+
+_loop_lock = threading.Lock()
+_loop: tuple[int, asyncio.AbstractEventLoop] | None = None
+
+
+def http_loop() -> asyncio.AbstractEventLoop:
+    """The process's one event loop for optimizer requests, on a daemon thread shared by every
+    client (a client never closed leaves no thread behind); made anew in a forked child."""
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop[0] != os.getpid():
+            loop = asyncio.new_event_loop()
+            resolve_lazy(anyio)  # the SDK's transport loads anyio's parts as it first uses them
+            threading.Thread(target=loop.run_forever, name="reflact-http", daemon=True).start()
+            _loop = (os.getpid(), loop)
+        return _loop[1]
+
+
+class Transport:
+    """Sends chat requests through the async SDK, each bounded as a whole by `timeout_s`, and
+    abandons them all on close(). Workers call post() from their own threads."""
+
+    def __init__(self, sdk: object, timeout_s: float) -> None:
+        self._sdk = sdk
+        self._timeout_s = timeout_s
+        self._loop = http_loop()
+        self._lock = threading.Lock()
+        self._inflight: set[concurrent.futures.Future] = set()
+        self.closing = threading.Event()
+
+    def post(self, request: dict) -> bytes:
+        """The body of a 2xx reply; the SDK's errors for the others."""
+        with self._lock:  # checked and registered at once: close() cancels every request that started
+            if self.closing.is_set():
+                raise Abandoned()
+            future = asyncio.run_coroutine_threadsafe(self._post(request), self._loop)
+            self._inflight.add(future)
+        try:
+            return future.result(timeout=self._timeout_s + LOOP_GRACE_S)
+        except concurrent.futures.CancelledError:
+            raise Abandoned() from None
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
+        finally:
+            with self._lock:
+                self._inflight.discard(future)
+
+    async def _post(self, request: dict) -> bytes:
+        async with asyncio.timeout(self._timeout_s):  # connect to last byte
+            raw = await self._sdk.chat.completions.with_raw_response.create(**request)
+            return raw.http_response.content
+
+    def close(self) -> None:
+        """Cancels the requests in flight (their workers get Abandoned at once), refuses new
+        ones, and shuts the connections."""
+        with self._lock:
+            if self.closing.is_set():
+                return
+            self.closing.set()
+            pending = list(self._inflight)
+        for future in pending:
+            future.cancel()
+        try:
+            asyncio.run_coroutine_threadsafe(self._sdk.close(), self._loop).result(timeout=CLOSE_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - the run is ending; a socket left to the OS is no failure
+            log.debug("closing the optimizer's connections: %s", exc)
+
+
+class EndpointWatch:
+    """Whether the endpoint has answered yet, and whether it was judged unusable: a refused
+    connection, an unknown host or a 401/403/404 before any reply. Faults after a reply are the
+    requests' own and are retried (or not) as usual."""
+
+    def __init__(self) -> None:
+        self.answered = threading.Event()  # a request got a 2xx reply
+        self._lock = threading.Lock()
+        self.message = ""  # why the endpoint is unusable, and what to check
+        self.cause = ""  # the request's own one-line cause
+
+    def judge(self, exc: BaseException, cfg: OptimizerConfig, url: str, secret: str) -> bool:
+        """True when this failure makes the endpoint unusable (the first such one only)."""
+        if self.answered.is_set() or not endpoint_fault(exc):
+            return False
+        with self._lock:
+            if self.message:
+                return False
+            self.cause = describe_error(exc, secret)
+            self.message = fault_message(cfg, url, exc, self.cause)
+            return True
+
+    def ended(self, retries: int = 0) -> CallError:
+        """The failure of a request made or refused after close(), or after the endpoint failed."""
+        if self.message:
+            return CallError(self.cause, retries=retries, fatal=self.message)
+        return CallError(ABANDONED, retries=retries)
+
+
+class OptimizerClient:
+    """Calls, with retries, the response cache and the rate limits of `optimizer.*`."""
+
+    def __init__(self, cfg: OptimizerConfig, sdk: object, cache: ResponseCache | None = None, secret: str = "",
+                 endpoint: dict | None = None) -> None:
+        self.cfg = cfg
+        self._transport = Transport(sdk, cfg.timeout_s)
+        self._secret = secret
+        self.cache = cache
+        self._endpoint = endpoint or {}  # which server answers: part of the cache key
+        self._limiter = RateLimiter(cfg.rpm, cfg.tpm, stop=self._transport.closing) if (cfg.rpm or cfg.tpm) else None
+        self._schema_rejected = threading.Event()  # `auto`: this server answered 400 to a JSON schema
+        self._warned: set[str] = set()  # the usage fields already warned about
+        self._watch = EndpointWatch()
+
+    def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None,
+                 sample: int | None = None, label: str = "") -> Reply:
+        """`sample`: the draw's sample index (default optimizer.sample), in the cache key and, with
+        optimizer.samples > 1, sent as the request's seed; `label` names the request in retry lines."""
+        if self._stopped():
+            raise self._watch.ended()
+        sample = self.cfg.sample if sample is None else sample
+        logical = self._request(messages, max_output_tokens, sample)
+        key = ""  # hashing the whole request only pays when there is a cache to ask
+        if self.cache:
+            key = cache_key({**logical, "endpoint": self._endpoint, "schema": schema, "sample": sample,
+                             "structured_output": self.cfg.structured_output.value})
+            hit = self.cache.get(key)
+            if hit is not None:
+                return Reply(hit["text"], hit["finish_reason"], Usage(**hit.get("usage", {})), 0.0,
+                             from_cache=True, structured=hit.get("structured", "off"), started_at=time.time(),
+                             cache_key=key)
+        reply = self._call_with_retries(logical, schema, estimate_tokens(messages) + max_output_tokens, label)
+        reply.cache_key = key
+        if self.cache:
+            self.cache.put(key, {"text": reply.text, "finish_reason": reply.finish_reason,
+                                 "structured": reply.structured, "usage": asdict(reply.usage)})
+        return reply
+
+    def close(self) -> None:
+        """Abandon the calls in flight (each ends at once as a CallError), refuse new ones, and
+        release the HTTP connections and the cache's database handle. Safe from any thread."""
+        self._transport.close()
+        if self.cache:
+            self.cache.close()
+
+    def forget(self, replies: list[Reply]) -> None:
+        if self.cache:
+            self.cache.forget([r.cache_key for r in replies if r.cache_key])
+
+    def _request(self, messages: list[dict], max_output_tokens: int, sample: int) -> dict:
+        request = {"model": self.cfg.model, "messages": messages, self.cfg.token_limit_param: max_output_tokens}
+        # optional parameters only when set: some compatible servers reject unknown ones
+        if self.cfg.temperature is not None:
+            request["temperature"] = self.cfg.temperature
+        if self.cfg.reasoning_effort:
+            request["reasoning_effort"] = self.cfg.reasoning_effort
+        if self.cfg.samples > 1:  # repeated draws: each its own seed, so a seeded server varies them
+            request["seed"] = sample
+        return request
+
+    def _response_format(self, schema: dict | None) -> tuple[str, dict | None]:
+        setting = self.cfg.structured_output
+        if setting is StructuredOutput.json_object:
+            return "json_object", {"type": "json_object"}
+        wants_schema = setting is StructuredOutput.json_schema or (
+            setting is StructuredOutput.auto and not self._schema_rejected.is_set()
+        )
+        if wants_schema and schema is not None:
+            return "json_schema", {"type": "json_schema",
+                                   "json_schema": {"name": "reflect_reply", "schema": schema, "strict": False}}
+        return "off", None
+
+    def _call_with_retries(self, logical: dict, schema: dict | None, tokens: int, label: str = "") -> Reply:
+        closing = self._transport.closing
+        retrying = Retrying(
+            retry=retry_if_exception(lambda exc: is_transient(exc) and not self._stopped()),
+            stop=stop_after_attempt(self.cfg.retry.max_attempts) | stop_before_delay(self.cfg.retry.max_seconds),
+            wait=wait_after(self.cfg.retry.initial_wait_s, self.cfg.retry.max_wait_s),
+            sleep=closing.wait,  # a backoff ends early when the client is closed
+            before_sleep=lambda state: say_retry(label, state, self.cfg.retry.max_attempts, self._secret),
+            reraise=True,
+        )
+        sent = [0]  # requests made, the retries' included
+        try:
+            for attempt in retrying:
+                with attempt:
+                    completion, started, wall, structured = self._send(logical, schema, tokens, sent)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded failed call
+            if self._stopped():
+                raise self._watch.ended(retries=max(sent[0] - 1, 0)) from None
+            raise CallError(describe_error(exc, self._secret), retries=max(sent[0] - 1, 0)) from None
+        return Reply(text=completion.text, finish_reason=completion.finish_reason, usage=completion.usage,
+                     latency_s=time.monotonic() - started, retries=sent[0] - 1, structured=structured,
+                     started_at=wall)
+
+    def _send(self, logical: dict, schema: dict | None, tokens: int, sent: list[int]) -> tuple:
+        """One attempt: (completion, monotonic and wall start, response format sent). With
+        structured_output=auto, a 400 to the JSON schema is asked again without it, here."""
+        structured, response_format = self._response_format(schema)
+        # as extra_body: the SDK's typed transform of a nested schema costs ~1.5 ms a call
+        request = {**logical, "extra_body": {"response_format": response_format}} if response_format else logical
+        try:
+            return *self._create(request, tokens, sent), structured
+        except openai.BadRequestError:
+            if structured != "json_schema" or self.cfg.structured_output is not StructuredOutput.auto:
+                raise
+        if not self._schema_rejected.is_set():
+            self._schema_rejected.set()
+            log.warning("the server rejected a JSON schema (HTTP 400); asking without one from now on")
+        return *self._create(logical, tokens, sent), "off"
+
+    def _create(self, request: dict, tokens: int, sent: list[int]) -> tuple[Completion, float, float]:
+        """(completion, monotonic and wall-clock start) of one request, its body checked."""
+        if self._stopped():
+            raise Abandoned()
+        sent[0] += 1
+        if self._limiter:  # every attempt is a request: retries are paced too
+            self._limiter.acquire(tokens)
+        started, wall = time.monotonic(), time.time()
+        try:
+            body = self._transport.post(request)
+        except Exception as exc:
+            # before any reply, every call of the run would fail the same way: none is sent again
+            if self._watch.judge(exc, self.cfg, self._endpoint.get("base_url", ""), self._secret):
+                self._transport.close()
+            raise
+        self._watch.answered.set()
+        return read_completion(body, self._warn), started, wall
+
+    @property
+    def fault(self) -> str:
+        """"" while the endpoint may be usable; else why not, and what to check (one line)."""
+        return self._watch.message
+
+    def _stopped(self) -> bool:
+        """Closed, or the endpoint was judged unusable (checked before close() is through)."""
+        return self._transport.closing.is_set() or bool(self._watch.message)
+
+    def _warn(self, field: str, what: str) -> None:
+        if field not in self._warned:  # once per field: a server that always sends it would flood the log
+            self._warned.add(field)
+            log.warning("the optimizer's reply: %s %s (token and cost totals may be off)", field, what)
+
+
+def endpoint_of(cfg: OptimizerConfig, sdk: object) -> dict:
+    """Which server answers (the SDK's resolved base URL, the default's included; for Azure also
+    the deployment and API version): a reply is never served from cache for another server."""
+    endpoint = {"provider": cfg.provider.value, "base_url": str(sdk.base_url)}
+    if cfg.provider is Provider.azure:
+        endpoint.update(deployment=cfg.azure.deployment, api_version=cfg.azure.api_version)
+    return endpoint
+
+
+def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: dict | None = None) -> OptimizerClient:
+    """The one place a client is built from `optimizer.*`; the key comes from the environment."""
+    environ = os.environ if environ is None else environ
+    key = environ.get(cfg.api_key_env, "")
+    if not key and not cfg.base_url:
+        raise UserError(
+            f"no optimizer key: set the environment variable {cfg.api_key_env} "
+            "(or optimizer.base_url for a local OpenAI-compatible server)"
+        )
+    # local servers usually ignore the key, but the SDK insists on one
+    common = {"api_key": key or "not-needed", "timeout": cfg.timeout_s, "max_retries": 0}
+    if cfg.provider is Provider.azure:
+        sdk = openai.AsyncAzureOpenAI(azure_endpoint=cfg.azure.endpoint, azure_deployment=cfg.azure.deployment,
+                                      api_version=cfg.azure.api_version, **common)
+    else:
+        sdk = openai.AsyncOpenAI(base_url=cfg.base_url, **common)
+    # the SDK imports its chat module on first use, under a lock: done here, workers don't queue on it
+    sdk.chat.completions.with_raw_response
+    cache = None
+    if cfg.cache is not CacheMode.off:
+        path = Path(cfg.cache_path) if cfg.cache_path else launch_dir / "outputs" / "cache.db"
+        cache = ResponseCache(path, cfg.cache)
+    return OptimizerClient(cfg, sdk, cache, secret=key, endpoint=endpoint_of(cfg, sdk))
+
+
+def is_transient(exc: BaseException) -> bool:
+    # a 200 whose body is not a completion is a proxy's page or a torn response: worth another try
+    if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, openai.APIResponseValidationError,
+                        TimeoutError, MalformedReply)):
+        return True
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code in (408, 409, 429) or exc.status_code >= 500
+    return False
+
+
+def endpoint_fault(exc: BaseException) -> bool:
+    """A fault of the endpoint itself (no connection, no such host, a refused key, no such model or
+    path), as opposed to one of a request (a timeout, a rate limit, a server error)."""
+    if isinstance(exc, openai.APITimeoutError):  # a subclass of APIConnectionError: a slow server
+        return False
+    if isinstance(exc, openai.APIConnectionError):
+        return True
+    return isinstance(exc, openai.APIStatusError) and exc.status_code in (401, 403, 404)
+
+
+def fault_message(cfg: OptimizerConfig, url: str, exc: BaseException, cause: str) -> str:
+    """One line for an unusable endpoint: the URL (never a key: keys are never in it, see config)
+    and what to check."""
+    status = getattr(exc, "status_code", None)
+    if status in (401, 403):
+        check = f"check the key in ${cfg.api_key_env} (optimizer.api_key_env) and that it may use {cfg.model!r}"
+    elif status == 404:
+        check = f"check optimizer.model ({cfg.model!r}) and optimizer.base_url (most servers end it in /v1)"
+    else:
+        check = "check optimizer.base_url and that the server is running"
+    return f"the optimizer at {url} did not answer the first requests ({cause}): {check}"
+
+
+def say_retry(label: str, state: RetryCallState, attempts: int, secret: str) -> None:
+    """One line per retry, so retries in progress are seen: which request, its next attempt, why."""
+    exc = state.outcome.exception() if state.outcome else None
+    hinted = retry_after_s(exc)
+    wait = f"Retry-After {hinted:g} s" if hinted is not None else f"waiting {state.next_action.sleep:.1f} s"
+    log.info("%s: attempt %d/%d after %s (%s)", label or "a request", state.attempt_number + 1, attempts,
+             short_cause(exc, secret), wait)
+
+
+def short_cause(exc: BaseException | None, secret: str = "") -> str:
+    """A retry line's cause: the status alone for an HTTP error (its message is in the record)."""
+    if isinstance(exc, openai.APIStatusError):
+        return f"HTTP {exc.status_code}"
+    text = describe_error(exc, secret) if exc is not None else "an error"
+    return text if len(text) <= 120 else text[:119] + "…"
+
+
+def wait_after(initial: float, maximum: float):
+    """Wait what the server's Retry-After says, else exponential backoff with jitter."""
+    backoff = wait_exponential_jitter(multiplier=initial, jitter=initial, max=maximum)
+
+    def wait(state: RetryCallState) -> float:
+        hinted = retry_after_s(state.outcome.exception()) if state.outcome else None
+        # a hint is capped by retry.max_wait_s: a server (or a proxy in front of it) asking for an
+        # hour must not park a worker longer than the user allows between two attempts
+        return min(hinted, maximum) if hinted is not None else backoff(state)
+
+    return wait
+
+
+def retry_after_s(exc: BaseException | None) -> float | None:
+    """The server's hint in seconds (Retry-After-Ms, else Retry-After as seconds or an HTTP date),
+    never negative; None when absent or unreadable (garbage, NaN, infinite): the backoff applies."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if not headers:
+        return None
+    millis = seconds_in(headers.get("retry-after-ms"), 1000.0)
+    if millis is not None:
+        return millis
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    seconds = seconds_in(value, 1.0)
+    return seconds if seconds is not None else seconds_until(value)
+
+
+def seconds_in(value: str | None, per_second: float) -> float | None:
+    if not value:
+        return None
+    try:
+        seconds = float(value) / per_second
+    except ValueError:
+        return None
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
+
+
+def seconds_until(http_date: str) -> float | None:
+    try:
+        return max(email.utils.parsedate_to_datetime(http_date).timestamp() - time.time(), 0.0)
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return None
+
+
+def describe_error(exc: BaseException, secret: str = "") -> str:
+    """One line about a failed call, with the key redacted before anything is cut."""
+    if isinstance(exc, Abandoned):
+        text = ABANDONED
+    elif isinstance(exc, MalformedReply):
+        text = str(exc)
+    elif isinstance(exc, openai.APIStatusError):
+        text = f"HTTP {exc.status_code}: {exc.message}"
+    elif isinstance(exc, (openai.APITimeoutError, TimeoutError)):
+        text = "timed out"
+    elif isinstance(exc, openai.APIConnectionError):
+        text = f"connection failed: {exc.__cause__ or exc}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    text = " ".join(redact(text, secret).split())
+    return text if len(text) <= 300 else text[:299] + "…"

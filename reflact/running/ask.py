@@ -1,0 +1,194 @@
+"""Asking the optimizer about one prompt until it gives a usable reply (SPEC 4).
+
+A reply that does not parse or validate is asked again with the error; one cut off by the
+output-token limit is asked again with twice the allowance, up to the ceiling; at most
+`reflect.max_reasks` extra requests in all. What the requests cost counts against
+`optimizer.max_cost_usd`, shared by all workers of the run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from reflact.calls.protocol import CallError, Optimizer, Reply
+from reflact.config import Price
+from reflact.modes import Mode
+from reflact.replies.parse import ParseError, extract_object
+from reflact.replies.patches import CheckedReply, ReplyError, check_reply
+from reflact.replies.provenance import with_support_ids
+from reflact.running.events import CallStarted, EndpointFailed, Replied
+from reflact.running.outcome import Tally
+
+
+@dataclass
+class Asked:
+    """What one conversation came to."""
+
+    status: str  # "ok", "failed", "not_run" (cost limit) or "dry_run" (an estimate, nothing called)
+    tally: Tally
+    checked: CheckedReply | None = None
+    parse: str = ""  # ok, or why the last reply was not usable
+    error: str = ""
+
+
+class Spend:
+    """Dollars spent by the run, against `optimizer.max_cost_usd`, shared by the workers. A request
+    reserves what it could cost at most before it starts, and settles what it did cost when it
+    ends, so the cap holds whatever the number of workers."""
+
+    def __init__(self, limit: float | None) -> None:
+        self.limit = limit
+        self.spent = 0.0
+        self.reserved = 0.0
+        self._settled = threading.Condition()
+
+    def reserve(self, worst: float, stopping: threading.Event) -> bool:
+        """True when the request may start. While other requests' reservations are out, waits for
+        them to settle (they usually cost less than their worst case); False once it cannot fit."""
+        with self._settled:
+            while self.limit is not None and self.spent + self.reserved + worst > self.limit:
+                if self.reserved <= 0 or stopping.is_set():
+                    return False
+                self._settled.wait(timeout=1.0)
+            self.reserved += worst
+            return True
+
+    def settle(self, worst: float, cost: float) -> None:
+        with self._settled:
+            self.reserved = max(self.reserved - worst, 0.0)
+            self.spent += cost
+            self._settled.notify_all()
+
+
+def worst_cost(messages: list[dict], allowance: int, price: Price | None) -> float:
+    """The most a request can cost: a token is at least one byte of the prompt (plus a few for each
+    message's role), none of it cached, and the whole output allowance used."""
+    if price is None:
+        return 0.0
+    prompt = sum(len(m["content"].encode("utf-8")) + 8 for m in messages)
+    return (prompt * price.input + allowance * price.output) / 1e6
+
+
+def reask_message(error: str) -> str:
+    return (
+        f"Your reply could not be used: {error}.\n"
+        "Reply again with only the one JSON object, in the format the system prompt describes."
+    )
+
+
+@dataclass(frozen=True)
+class Asker:
+    """The settings every conversation of a run shares."""
+
+    optimizer: Optimizer
+    mode: Mode
+    budget: int
+    max_reasks: int
+    allowance: int  # the first request's output-token allowance
+    ceiling: int  # the largest allowance a cut-off reply is asked again with
+    price: Price | None
+    spend: Spend
+    schemas: dict[str, dict]  # group -> the reply's JSON schema
+    notes_allowed: dict[str, bool]  # group -> may the reply carry appendix_notes
+    publish: Callable
+    stopping: threading.Event  # set on Ctrl-C or SIGTERM: no new request starts
+    provenance: bool = False  # items must name the trajectories they stand on (reflact.replies.provenance)
+
+    def ask(self, tag: str, group: str, messages: list[dict], numbered_after: int,
+            keep: Callable[[int, Reply], None], ids: list[str] = (), sample: int | None = None) -> Asked:
+        """Requests until a reply is usable; `keep(number, reply)` records each reply as it comes.
+        Requests are numbered on from `numbered_after` (the earlier parts' requests). `ids`: the
+        trajectories shown, in order (for provenance); `sample`: the draw's sample index, or None."""
+        tally, conversation, replies = Tally(), list(messages), []
+        allowance, parse = self.allowance, ""
+        started = time.monotonic()
+        try:
+            for attempt in range(self.max_reasks + 1):
+                number = numbered_after + len(tally.call_log) + 1
+                reply = self._request(tag, number, group, conversation, allowance, tally, sample)
+                if isinstance(reply, Asked):
+                    self.optimizer.forget(replies)  # the conversation ended unusable: ask afresh next time
+                    reply.parse = parse
+                    return reply
+                if reply.estimated:
+                    return Asked("dry_run", tally)
+                replies.append(reply)
+                keep(number, reply)
+                tally.reasks += 1 if attempt else 0
+                if reply.finish_reason == "length":
+                    parse, allowance = self._cut_off(allowance)
+                    continue
+                try:
+                    checked = self._checked(reply.text, group, list(ids))
+                except (ParseError, ReplyError) as exc:
+                    parse = str(exc)
+                    conversation += [{"role": "assistant", "content": reply.text},
+                                     {"role": "user", "content": reask_message(parse)}]
+                    continue
+                return Asked("ok", tally, checked, "ok")
+            self.optimizer.forget(replies)
+            return Asked("failed", tally, parse=parse, error=f"no usable reply: {parse}")
+        finally:
+            tally.latency_s = round(time.monotonic() - started, 3)
+
+    def _checked(self, text: str, group: str, ids: list[str]) -> CheckedReply:
+        """The reply's patch, checked; with provenance, each item's trajectory numbers mapped to ids."""
+        checked = check_reply(extract_object(text), self.mode, group, self.budget, self.notes_allowed[group])
+        return with_support_ids(checked, self.mode, ids) if self.provenance else checked
+
+    def _cut_off(self, allowance: int) -> tuple[str, int]:
+        """(why the reply was not usable, the next request's allowance)."""
+        if allowance >= self.ceiling:
+            return f"cut off at the output-token ceiling ({allowance})", allowance
+        allowance = min(2 * allowance, self.ceiling)
+        return f"cut off by the output-token limit; asking again with {allowance}", allowance
+
+    def _request(self, tag: str, number: int, group: str, conversation: list[dict], allowance: int,
+                 tally: Tally, sample: int | None = None) -> Reply | Asked:
+        """One request; an Asked when the conversation must end here (stopping, cost limit, failed call)."""
+        if self.stopping.is_set():
+            return Asked("failed", tally, error="stopped: the run was interrupted before this request")
+        worst = worst_cost(conversation, allowance, self.price)
+        if not self.spend.reserve(worst, self.stopping):
+            return Asked("not_run", tally, error="cost limit reached")
+        self.publish(CallStarted(tag, number))
+        try:
+            # the sample goes along only with several draws: an optimizer of one's own needs no new argument
+            draw = {} if sample is None else {"sample": sample}
+            reply = self.optimizer.complete(conversation, allowance, self.schemas[group], label=tag, **draw)
+        except CallError as exc:
+            if exc.fatal:
+                self.publish(EndpointFailed(exc.fatal))
+            self.spend.settle(worst, 0.0)
+            tally.retries += exc.retries
+            tally.failed_calls += 1
+            tally.call_log.append({"error": exc.cause, "retries": exc.retries})
+            self.publish(Replied(tag, number, list(conversation), None, error=exc.cause))
+            return Asked("failed", tally, error=exc.cause)
+        cost = self._count(reply, allowance, len(conversation), tally)
+        self.spend.settle(worst, 0.0 if reply.estimated else cost)
+        self.publish(Replied(tag, number, list(conversation), reply, cost_usd=cost))
+        return reply
+
+    def _count(self, reply: Reply, allowance: int, messages: int, tally: Tally) -> float:
+        """Adds the reply to the tally; returns what it cost now."""
+        tally.usage.add(reply.usage)
+        if reply.estimated:
+            return reply.usage.cost_usd(self.price)
+        cost = 0.0
+        if reply.from_cache:
+            tally.cache_hits += 1
+        else:
+            cost = reply.usage.cost_usd(self.price)
+            tally.calls += 1
+            tally.retries += reply.retries
+            tally.spent_usd += cost
+        tally.call_log.append({
+            "started_at": reply.started_at, "latency_s": round(reply.latency_s, 3), "from_cache": reply.from_cache,
+            "finish_reason": reply.finish_reason, "max_output_tokens": allowance, "structured": reply.structured,
+            "retries": reply.retries, "usage": asdict(reply.usage), "messages": messages,
+        })
+        return cost

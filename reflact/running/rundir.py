@@ -1,0 +1,354 @@
+"""The run dir: the one module that knows its layout. Everything else asks it for a path or a record.
+
+    patches/<minibatch>.json            the saved patch (what resume trusts; written last, fsynced)
+    calls/<minibatch>/system.md         the exact prompt: system message,
+    calls/<minibatch>/user.md, user_N.md  user message of each part when split to fit
+    calls/<minibatch>/reply_N.txt       every raw reply, numbered over the minibatch's requests
+    calls/<minibatch>/outcome.json      the minibatch's record (reflact.running.outcome.Outcome)
+                                        (with optimizer.samples > 1 each further draw d of a
+                                        minibatch is one more <minibatch>.d<d> in all of these)
+    preview/<minibatch>.skill.md, .diff what the patch would do to the skill
+    summary.json, kept_items.jsonl      the run's counts and records; every kept item
+    analysis.json                       agreement, redundancy and distinct items (reflact.analysis.figures)
+    report.md                           the run readable without MLflow
+    mlflow_run.json                     the MLflow run this dir is logged as
+    .hydra/                             the resolved config (written once the inputs passed their checks)
+
+Every write is atomic (a temporary file, then a rename), so a run killed at any moment leaves
+whole files, and the next run removes the temporaries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Iterator
+
+from pydantic import ValidationError
+
+from reflact.calls.cache import cache_key
+from reflact.calls.protocol import Usage
+from reflact.config import ReflactConfig
+from reflact.errors import UserError
+from reflact.files import atomic_writer, read_json, write_json, write_text
+from reflact.modes import MODES
+from reflact.running.outcome import Outcome
+
+SUMMARY = "summary.json"
+ANALYSIS = "analysis.json"
+KEPT_ITEMS = "kept_items.jsonl"
+REPORT = "report.md"
+MLFLOW_RUN = "mlflow_run.json"
+HYDRA = ".hydra"
+USAGE_FIELDS = {f.name for f in fields(Usage)}
+
+
+class RunDir:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.patches = self.root / "patches"
+        self.calls = self.root / "calls"
+        self.preview = self.root / "preview"
+
+    def __truediv__(self, name: str) -> Path:
+        return self.root / name
+
+    # ------------------------------------------------------------------ paths
+
+    def patch_path(self, tag: str) -> Path:
+        return self.patches / f"{tag}.json"
+
+    def call_dir(self, tag: str) -> Path:
+        return self.calls / tag
+
+    def system_path(self, tag: str) -> Path:
+        return self.call_dir(tag) / "system.md"
+
+    def user_path(self, tag: str, part: int) -> Path:
+        return self.call_dir(tag) / ("user.md" if part == 1 else f"user_{part}.md")
+
+    def reply_path(self, tag: str, number: int) -> Path:
+        return self.call_dir(tag) / f"reply_{number}.txt"
+
+    def preview_paths(self, tag: str) -> tuple[Path, Path]:
+        """(candidate skill, diff)."""
+        return self.preview / f"{tag}.skill.md", self.preview / f"{tag}.diff"
+
+    # ------------------------------------------------------------------ the stage's writes
+
+    def clean(self) -> None:
+        """Removes the half-written files of a run that was killed."""
+        self.patches.mkdir(parents=True, exist_ok=True)
+        for leftover in [*self.patches.glob(".*.tmp"), *self.calls.glob("*/.*.tmp")]:
+            leftover.unlink()
+
+    def write_prompt(self, tag: str, parts: list[list[dict]]) -> None:
+        """The messages of each part; replies, parts and the patch of an earlier, stale attempt go
+        (a redo that fails then leaves no patch of other settings behind)."""
+        folder = self.call_dir(tag)
+        for old in [*folder.glob("reply_*.txt"), *folder.glob("user_*.md")]:
+            old.unlink()
+        self.patch_path(tag).unlink(missing_ok=True)
+        write_text(self.system_path(tag), parts[0][0]["content"])
+        for number, part in enumerate(parts, 1):
+            write_text(self.user_path(tag, number), part[1]["content"])
+
+    def write_reply(self, tag: str, number: int, text: str) -> None:
+        write_text(self.reply_path(tag, number), text)
+
+    def write_outcome(self, outcome: Outcome) -> None:
+        write_json(self.call_dir(outcome.tag) / "outcome.json", asdict(outcome), indent=None)
+
+    def save_patch(self, outcome: Outcome, patch: dict) -> None:
+        """The record first: a patch on disk (what resume trusts) always has its record."""
+        self.write_outcome(outcome)
+        write_json(self.patch_path(outcome.tag), patch, durable=True)
+
+    def resume(self, outcome: Outcome, fingerprint: str, payload_key: str) -> dict | None:
+        """The saved patch when it was made from the same prompt and settings (then `outcome`
+        becomes its reused record, keeping what the patch cost when it was made, so a resumed
+        run still compares on tokens and cost); None when the minibatch must be (re)done.
+        A patch whose payload is not what the stage saves is redone too, never trusted."""
+        saved = self.patch(outcome.tag)
+        if saved is None or saved["fingerprint"] != fingerprint:
+            return None
+        items = saved["patch"].get(payload_key)
+        if not _kept_items_ok(items, payload_key) or len(items) > saved["n_proposed"]:
+            return None
+        outcome.status, outcome.parse = "reused", "ok"
+        outcome.proposed, outcome.kept = saved["n_proposed"], len(items)
+        _take_figures(outcome, self.outcome_record(outcome.tag))
+        return saved
+
+    def patch(self, tag: str) -> dict | None:
+        """The saved patch, or None when there is none, or it is unreadable or not of the shape
+        the stage writes (a file damaged on disk): then it is redone."""
+        saved = read_json(self.patch_path(tag))
+        return saved if _patch_ok(saved) else None
+
+    def outcome_record(self, tag: str) -> dict | None:
+        """The minibatch's saved record, or None when there is none or its figures are damaged
+        (a resumed patch then counts no tokens and no cost, as when the record is missing)."""
+        saved = read_json(self.call_dir(tag) / "outcome.json")
+        return saved if _outcome_ok(saved) else None
+
+    def summary(self) -> dict | None:
+        return _object(read_json(self / SUMMARY))
+
+    def analysis(self) -> dict | None:
+        return _object(read_json(self / ANALYSIS))
+
+    def write_analysis(self, analysis: dict) -> None:
+        write_json(self / ANALYSIS, analysis)
+
+    def kept_items(self) -> Iterator[dict]:
+        """Every kept item, one at a time."""
+        path = self / KEPT_ITEMS
+        if not path.is_file():
+            return
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                yield json.loads(line)
+
+    # ------------------------------------------------------------------ the run's own files
+
+    def write_summary(self, summary: dict) -> None:
+        # compact: json's fast encoder only runs without indent, and the file is for programs
+        # (report.md is the one for people)
+        write_json(self / SUMMARY, summary, indent=None)
+
+    def kept_items_writer(self):
+        return atomic_writer(self / KEPT_ITEMS)
+
+    def report_writer(self):
+        return atomic_writer(self / REPORT)
+
+    def write_config(self, config_yaml: str, overrides_yaml: str, hydra_yaml: str | None = None) -> None:
+        folder = self / HYDRA
+        write_text(folder / "config.yaml", config_yaml)
+        write_text(folder / "overrides.yaml", overrides_yaml)
+        if hydra_yaml is not None:  # runs from the command line (Hydra's own settings: run mode, sweep dir)
+            write_text(folder / "hydra.yaml", hydra_yaml)
+
+    # ------------------------------------------------------------------ what tracking mirrors
+
+    def minibatch_files(self, tag: str, with_patch: bool) -> list[tuple[Path, str]]:
+        """(file, artifact folder) of one minibatch: its prompt, replies, record (and patch)."""
+        folder = self.call_dir(tag)
+        files = [(path, f"calls/{tag}") for path in sorted(folder.iterdir())] if folder.is_dir() else []
+        files = [pair for pair in files if not pair[0].name.startswith(".")]
+        return files + [(self.patch_path(tag), "patches")] if with_patch else files
+
+    def run_files(self) -> list[tuple[Path, str]]:
+        """(file, artifact folder) of the run's own files and previews that exist."""
+        names = [(SUMMARY, "run"), (KEPT_ITEMS, "run"), (REPORT, "run"), (ANALYSIS, "run"),
+                 (f"{HYDRA}/config.yaml", "run/hydra"), (f"{HYDRA}/overrides.yaml", "run/hydra")]
+        files = [(self / name, folder) for name, folder in names if (self / name).is_file()]
+        return files + [(path, "preview") for path in sorted(self.preview.glob("*"))]
+
+    def mlflow_record(self) -> dict:
+        """The MLflow run this dir was logged as: run_id, tracking_uri, status, digest."""
+        return _object(read_json(self / MLFLOW_RUN)) or {}
+
+    def write_mlflow_record(self, record: dict) -> None:
+        write_json(self / MLFLOW_RUN, record)
+
+
+# ---------------------------------------------------------------------- shapes of what is read back
+
+
+@contextlib.contextmanager
+def locked(run_dir: "RunDir"):
+    """One process per run dir at a time: a second one (two shells, a double launch) would pay
+    for every call twice. The lock (`.lock`, holding the pid) goes with the process, however it ends."""
+    run_dir.root.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            other = handle.read().strip()
+            raise UserError(f"{run_dir.root} is in use by another reflact process{f' (pid {other})' if other else ''}"
+                            ": wait for it to end, or give this run its own hydra.run.dir") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+
+
+def _take_figures(outcome: Outcome, earlier: dict | None) -> None:
+    """A reused patch's figures from the record of the run that made it (none without one)."""
+    if earlier is not None:
+        outcome.usage = Usage(**earlier.get("usage", {}))
+        outcome.cost_usd = float(earlier.get("cost_usd", 0.0))
+        outcome.reasks = int(earlier.get("reasks", 0))
+        outcome.latency_s = float(earlier.get("latency_s", 0.0))
+
+
+def _object(saved: object) -> dict | None:
+    return saved if isinstance(saved, dict) else None
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _amount(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+
+
+def _patch_ok(saved: object) -> bool:
+    """What every saved patch has, whatever the mode: its fingerprint, count and patch object."""
+    return (isinstance(saved, dict) and isinstance(saved.get("fingerprint"), str)
+            and _count(saved.get("n_proposed")) and isinstance(saved.get("patch"), dict))
+
+
+def _kept_items_ok(items: object, payload_key: str) -> bool:
+    """A list of items that each fit the schema of the mode whose payload this is."""
+    mode = next((m for m in MODES.values() if m.payload_key == payload_key), None)
+    if mode is None or not isinstance(items, list):
+        return False
+    try:
+        for item in items:
+            mode.item.model_validate(item)  # a non-object fails too
+    except ValidationError:
+        return False
+    return True
+
+
+def _outcome_ok(saved: object) -> bool:
+    """Figures a resumed patch takes over: absent ones count as zero, damaged ones void the record."""
+    if not isinstance(saved, dict):
+        return False
+    usage = saved.get("usage", {})
+    return (isinstance(usage, dict) and set(usage) <= USAGE_FIELDS and all(map(_count, usage.values()))
+            and _count(saved.get("reasks", 0))
+            and all(_amount(saved.get(key, 0)) for key in ("cost_usd", "latency_s")))
+
+
+def fingerprint(cfg: ReflactConfig, messages: list[dict], draw: int = 0) -> str:
+    """What a saved patch must have been made from to be reused: everything that shapes the call,
+    i.e. the model, mode, L, decoding settings, the draw's sample index (and the seed sent with it
+    when there are several draws), and both messages (which hold the templates, the skill, the
+    contexts and the trajectories)."""
+    o = cfg.optimizer
+    shape = {
+        "model": o.model,
+        "mode": cfg.reflect.update_mode,
+        "budget": cfg.reflect.edit_budget,
+        "temperature": o.temperature,
+        "reasoning_effort": o.reasoning_effort,
+        "sample": o.sample + draw,
+        "messages": messages,
+    }
+    if o.samples > 1:  # only then is a seed sent: a single draw's fingerprint stays what it was
+        shape["seed"] = o.sample + draw
+    return cache_key(shape)
+
+
+class SweepDir:
+    """A multirun's folder: its jobs' run dirs, plus
+
+        mlflow_parent.json   the sweep's MLflow parent run
+        sweep.json           the settings its jobs share (and those they sweep)
+        failed_jobs/<n>.json each job of the latest multirun that failed: its number, overrides,
+                             run dir and why (the multirun's end names them)
+        report/              the grid report
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.report = self.root / "report"
+        self._failed = self.root / "failed_jobs"
+
+    def parent_record(self) -> dict:
+        return _object(read_json(self.root / "mlflow_parent.json")) or {}
+
+    def write_parent_record(self, record: dict) -> None:
+        write_json(self.root / "mlflow_parent.json", record)
+
+    def identity(self) -> dict:
+        return _object(read_json(self.root / "sweep.json")) or {}
+
+    def write_identity(self, identity: dict) -> None:
+        write_json(self.root / "sweep.json", identity)
+
+    def write_failed_job(self, number: int, record: dict) -> None:
+        """One file per job: parallel jobs of a launcher's workers each write their own."""
+        write_json(self._failed / f"{number}.json", {"job": number, **record})
+
+    def failed_jobs(self) -> list[dict]:
+        """The latest multirun's failed jobs, by number."""
+        records = [_object(read_json(path)) for path in self._failed.glob("*.json")]
+        return sorted((r for r in records if r and isinstance(r.get("job"), int)), key=lambda r: r["job"])
+
+    def clear_failed_jobs(self) -> None:
+        """A new multirun numbers its jobs afresh: the failures of the one before go."""
+        for path in self._failed.glob("*.json"):
+            path.unlink()
+
+    def is_sweep(self) -> bool:
+        return (self.root / "sweep.json").is_file() or (self.root / "mlflow_parent.json").is_file()
+
+    def runs(self) -> list[RunDir]:
+        """Its jobs' run dirs that got as far as their summary, by path. A job folder is named after
+        its overrides, so a value with a slash (data.dir=/data/x) nests it deeper: all levels are
+        searched, but not inside a run dir."""
+        found = []
+        for folder, subfolders, files in os.walk(self.root):
+            subfolders.sort()
+            if SUMMARY in files and Path(folder) != self.root:
+                found.append(RunDir(Path(folder)))
+                subfolders.clear()
+        return found
+
+    @classmethod
+    def holding(cls, run_dir: Path) -> "SweepDir | None":
+        """The sweep a run dir belongs to: the nearest folder above it that is a sweep dir."""
+        return next((cls(folder) for folder in Path(run_dir).resolve().parents if cls(folder).is_sweep()), None)

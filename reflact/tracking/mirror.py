@@ -1,0 +1,218 @@
+"""The MLflow run that mirrors one run dir, written from the stage's events: opened with its name,
+tags, params, dataset and prompts; each settled minibatch's metrics and files; each request's
+trace; the totals so far; at the end the run's counts and files and its true status and end time.
+
+Live tracking (reflact.tracking.live) feeds it events as they happen; relog feeds it the same events rebuilt
+from a finished run dir, so both write the same names and values.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from reflact.config import ReflactConfig, priced
+from reflact.imports import one_at_a_time
+from reflact.inputs.dataset import Dataset
+from reflact.prompting.prompts import SystemPrompts, content_hash
+from reflact.running.events import MinibatchEnded, Planned, Replied
+from reflact.running.outcome import Outcome
+from reflact.running.rundir import RunDir, SweepDir
+from reflact.tracking.store import (
+    Store,
+    analysis_metrics,
+    context_tags,
+    dataset_digest,
+    minibatch_metrics,
+    one_line,
+    prompt_name,
+    run_name,
+    setting_metrics,
+    sweep_id,
+    total_metrics,
+)
+
+log = logging.getLogger("reflact")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Everything about the run its MLflow run shows besides the stage's events."""
+
+    cfg: ReflactConfig
+    params: dict[str, str]
+    run_dir: RunDir
+    launch_dir: Path
+    started_at: float  # epoch seconds
+    dataset: Dataset | None = None  # logged as the run's dataset input
+    system: SystemPrompts | None = None  # registered in the prompt registry and linked
+    overrides: tuple[str, ...] = ()
+    sweep_dir: Path | None = None
+    job: int | None = None
+    template_hashes: dict[str, str] | None = None  # group -> content hash (default: of `system`)
+
+
+@dataclass
+class Totals:
+    """The run's totals so far, as minibatches settle."""
+
+    planned: int = 0
+    ended: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+    sums: dict[str, float] = field(default_factory=dict)
+    priced: bool = True  # false: the model has no price, so no cost is summed (unknown, not 0)
+
+    def add(self, o: Outcome) -> None:
+        self.ended += 1
+        self.by_status[o.status] = self.by_status.get(o.status, 0) + 1
+        costs = {"cost_usd": o.cost_usd, "spent_usd": o.spent_usd} if self.priced else {}
+        for key, value in {"calls": o.calls, "edits_proposed": o.proposed, "edits_kept": o.kept,
+                           "tokens_prompt": o.usage.prompt, "tokens_completion": o.usage.completion,
+                           **costs}.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+
+    def counts(self) -> dict[str, float]:
+        counts = {"minibatches_ended": self.ended, "progress": self.ended / self.planned if self.planned else 1.0}
+        counts.update({f"minibatches_{status}": n for status, n in self.by_status.items()})
+        return {**counts, **self.sums}
+
+
+class Mirror:
+    def __init__(self, store: Store, context: RunContext) -> None:
+        self.store = store
+        self.context = context
+        self.positions: dict[str, int] = {}
+        self.totals = Totals(priced=priced(context.cfg))
+
+    def open(self) -> str:
+        """Creates the run (replacing any earlier one of the run dir), RUNNING since the run's start."""
+        c = self.context
+        self.store.retire(c.run_dir.root)
+        run_id = self.store.create(run_name(c.cfg, c.job), self._tags(), int(c.started_at * 1000))
+        hashes = c.template_hashes or (c.system.hashes() if c.system is not None else {})
+        self.store.log_params({**c.params, **{f"template_hash.{group}": h for group, h in hashes.items()}})
+        self.store.log_metrics([(k, float(v), 0) for k, v in setting_metrics(c.cfg).items()], _now_ms())
+        if c.dataset is not None:
+            self._log_dataset(c.dataset)
+        if c.system is not None:
+            self._link_prompts(c.system)
+        return run_id
+
+    def write(self, events: list) -> None:
+        rows: list[tuple[str, float, int]] = []
+        files: list[tuple[Path, str]] = []
+        for event in events:
+            if isinstance(event, Planned):
+                self.positions = {mb.tag: i for i, mb in enumerate(event.plan)}
+                self.totals.planned = len(event.plan)
+                rows.append(("minibatches", float(len(event.plan)), 0))
+            elif isinstance(event, Replied) and self.context.cfg.mlflow.trace_calls:
+                self._trace(event)
+            elif isinstance(event, MinibatchEnded):
+                rows += self._ended(event.outcome)
+                files += self.context.run_dir.minibatch_files(event.outcome.tag, event.patch is not None)
+        if any(isinstance(e, MinibatchEnded) for e in events):
+            totals = total_metrics(self.totals.counts(), self.context.cfg.optimizer.dry_run)
+            rows += [(key, value, self.totals.ended) for key, value in totals.items()]
+        self.store.log_metrics(rows, _now_ms())
+        self.store.log_files(files)
+
+    def end(self, summary: dict | None, status: str, end_ms: int | None = None) -> None:
+        """The run's counts and files (when it got as far as its summary), then its status."""
+        if summary is not None:
+            dry_run = self.context.cfg.optimizer.dry_run
+            rows = [(k, v, self.totals.ended) for k, v in total_metrics(summary["counts"], dry_run).items()]
+            for record in summary["minibatches"]:
+                step = self.positions.get(record["tag"], 0)
+                rows += [(k, v, step) for k, v in minibatch_metrics(record).items() if k == "minibatch/apply_share"]
+            self.store.log_metrics(rows + self._analysis_rows(), _now_ms())
+            self.store.log_files(self.context.run_dir.run_files())
+            self._log_kept_items()
+        if self.context.cfg.mlflow.trace_calls:
+            _flush_traces()
+        self.store.end(status, end_ms or _now_ms())
+
+    def _analysis_rows(self) -> list[tuple[str, float, int]]:
+        """The run's analysis.json as metrics: run figures, and each minibatch's agreement over its
+        draws at the step of its first draw."""
+        analysis = self.context.run_dir.analysis()
+        if analysis is None:
+            return []
+        rows = [(key, value, self.totals.ended) for key, value in analysis_metrics(analysis).items()]
+        for record in analysis.get("minibatches", []):
+            step = self.positions.get(record["minibatch"], 0)
+            if isinstance(record.get("agreement"), (int, float)):
+                rows.append(("minibatch/agreement", float(record["agreement"]), step))
+        return rows
+
+    def _ended(self, outcome: Outcome) -> list[tuple[str, float, int]]:
+        self.totals.add(outcome)
+        step = self.positions.get(outcome.tag, self.totals.ended - 1)
+        record = {**asdict(outcome), **({} if self.totals.priced else {"cost_usd": None})}
+        return [(key, value, step) for key, value in minibatch_metrics(record).items()]
+
+    def _tags(self) -> dict[str, str]:
+        c = self.context
+        tags = context_tags(c.cfg, c.run_dir.root, c.launch_dir, list(c.overrides))
+        if c.sweep_dir is not None:
+            tags["reflact.sweep_id"] = sweep_id(c.sweep_dir, c.launch_dir)
+            tags["reflact.job"] = str(c.job)
+            parent = SweepDir(c.sweep_dir).parent_record()
+            if parent.get("tracking_uri") == self.store.uri:
+                tags["mlflow.parentRunId"] = parent["run_id"]
+        return tags
+
+    def _log_dataset(self, dataset: Dataset) -> None:
+        """The dataset as an MLflow dataset input: the runs table's Datasets column, and its filters."""
+        c = self.context
+        skill, results = dataset.paths
+        conversations = [dataset.conversation_path(r.id) for r in dataset.results if r.id not in dataset.skipped]
+        failures = sum(1 for r in dataset.results if r.hard < c.cfg.reflect.success_threshold)
+        profile = {"results": len(dataset.results), "failures": failures,
+                   "successes": len(dataset.results) - failures, "skipped": len(dataset.skipped)}
+        folder = Path(c.cfg.data.dir).resolve() if c.cfg.data.dir else results.resolve()
+        self.store.log_dataset(folder.name, dataset_digest(skill, results, conversations), folder.as_uri(), profile)
+
+    def _link_prompts(self, system: SystemPrompts) -> None:
+        """The templates in MLflow's prompt registry; a registry that fails costs a warning, not the run."""
+        c = self.context
+        overrides = {"failure": c.cfg.prompts.error, "success": c.cfg.prompts.success}
+        try:
+            for group, text in (("failure", system.failure), ("success", system.success)):
+                name = prompt_name(group, c.cfg.reflect.update_mode, system.notes_allowed[group],
+                                   bool(overrides[group]), c.cfg.reflect.provenance)
+                self.store.link_prompt(name, text, content_hash(text))
+        except Exception as exc:  # noqa: BLE001 - the template hashes are params either way
+            log.warning("the templates could not be linked from MLflow's prompt registry: %s", one_line(exc))
+
+    def _trace(self, event: Replied) -> None:
+        self.store.trace(event, self.context.cfg.optimizer.model)
+
+    def _log_kept_items(self) -> None:
+        rows = list(self.context.run_dir.kept_items())
+        if rows:
+            self.store.log_table({
+                "minibatch": [r["minibatch"] for r in rows],
+                "position": [r["position"] for r in rows],
+                "trajectory_ids": [", ".join(r["trajectory_ids"]) for r in rows],
+                "item": [json.dumps(r["item"], ensure_ascii=False) for r in rows],
+                "apply_status": [r.get("apply", {}).get("status", "") for r in rows],
+            }, "kept_items.json")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _flush_traces() -> None:
+    """Traces are written on the tracker's thread (reflact turns MLflow's async trace logging off);
+    a user who turned it back on gets them flushed before the run ends."""
+    with one_at_a_time():
+        import mlflow
+
+    flush = getattr(mlflow, "flush_trace_async_logging", None)
+    if flush:
+        flush()

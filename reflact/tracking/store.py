@@ -1,0 +1,362 @@
+"""What a run looks like in MLflow: its name, tags, params, metrics, dataset, prompts, artifacts and
+traces, and the store they are written to. Used live, as the run goes (reflact.tracking.live), and by
+`python -m reflact.relog` for a finished run dir; both write the same names and values.
+
+mlflow is imported only inside `Store` (it takes ~1.6 s): the live tracker opens the store on its
+own thread while the first calls are in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import asdict
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from reflact import __version__
+from reflact.config import ReflactConfig
+from reflact.imports import one_at_a_time
+from reflact.modes import get_mode
+
+log = logging.getLogger("reflact")
+
+# per-minibatch series (step = the minibatch's position in the plan); the rest of its record is
+# in its outcome.json artifact: fewer rows keep large runs fast to log and to chart
+SERIES = ("proposed", "kept", "reasks", "retries", "cost_usd", "latency_s")
+SERIES_TOKENS = ("prompt", "completion")
+# what a dry run only estimates, logged under names of their own
+ESTIMATED = ("cost_usd", "tokens_prompt", "tokens_completion", "tokens_cached", "tokens_reasoning")
+# run metrics from the run's analysis.json (reflact.analysis.figures), when it has them
+ANALYSIS_METRICS = ("agreement", "redundancy", "distinct_edits", "distinct_edits_per_usd", "analysis_tokens",
+                    "analysis_cost_usd")
+
+
+def default_tracking_uri(launch_dir: Path) -> str:
+    return f"sqlite:///{(launch_dir / 'outputs' / 'mlflow.db').resolve()}"
+
+
+def tracking_uri(cfg: ReflactConfig, launch_dir: Path) -> str:
+    return cfg.mlflow.tracking_uri or default_tracking_uri(launch_dir)
+
+
+def run_name(cfg: ReflactConfig, job: int | None = None) -> str:
+    """What tells runs apart at a glance: `patch M8 L4 s42`, `#3` for a sweep's job, `dry run`."""
+    r = cfg.reflect
+    name = f"{get_mode(r.update_mode).short} M{r.minibatch_size} L{r.edit_budget} s{r.seed}"
+    name += f" k{cfg.optimizer.samples}" if cfg.optimizer.samples > 1 else ""
+    name += f" #{job}" if job is not None else ""
+    return name + (" dry run" if cfg.optimizer.dry_run else "")
+
+
+def setting_metrics(cfg: ReflactConfig) -> dict[str, float]:
+    """M, L, seed and mode as metrics too, so charts and the compare view can use them as axes."""
+    r = cfg.reflect
+    metrics = {"M": r.minibatch_size, "L": r.edit_budget, "seed": r.seed, "mode": get_mode(r.update_mode).number}
+    if cfg.optimizer.samples > 1:  # draws per minibatch; absent: one
+        metrics["samples"] = cfg.optimizer.samples
+    return metrics
+
+
+def total_metrics(counts: dict, dry_run: bool) -> dict[str, float]:
+    """Run counts as metrics; a dry run's tokens and cost are estimates and say so in their names."""
+    metrics = {}
+    for key, value in counts.items():
+        if value is None:  # a cost without a price: unknown, left out rather than logged as 0
+            continue
+        if dry_run and key in ESTIMATED:
+            key = f"estimated_{key}"
+        elif dry_run and key == "spent_usd":
+            continue
+        metrics[key] = float(value)
+    return metrics
+
+
+def analysis_metrics(analysis: dict) -> dict[str, float]:
+    """The run's analysis figures as metrics; one that is not defined (agreement with one draw,
+    items per dollar of an unpriced run) is left out rather than logged as a number."""
+    return {key: float(analysis[key]) for key in ANALYSIS_METRICS if isinstance(analysis.get(key), (int, float))}
+
+
+def minibatch_metrics(record: dict) -> dict[str, float]:
+    """One minibatch's series values from its record (reflact.running.outcome.Outcome as a dict)."""
+    metrics = {f"minibatch/{key}": float(record[key]) for key in SERIES if record.get(key) is not None}
+    metrics.update({f"minibatch/tokens_{key}": float(record["usage"][key]) for key in SERIES_TOKENS})
+    if record.get("apply"):
+        metrics["minibatch/apply_share"] = float(record["apply"]["apply_share"])
+    return metrics
+
+
+def context_tags(cfg: ReflactConfig, run_dir: Path, launch_dir: Path, overrides: list[str]) -> dict[str, str]:
+    """MLflow's standard context tags, and reflact's own."""
+    tags = {
+        "mlflow.user": _user(),
+        "mlflow.source.type": "LOCAL",
+        "mlflow.source.name": "reflact",
+        "reflact.version": __version__,
+        "reflact.run_dir": str(run_dir),
+        "reflact.overrides": " ".join(overrides),
+        "reflact.dry_run": str(cfg.optimizer.dry_run).lower(),
+    }
+    commit = git_commit(launch_dir)
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (containers)
+        return str(os.getuid())
+
+
+def git_commit(folder: Path) -> str | None:
+    """The commit checked out where the run was launched, when that is a git checkout."""
+    try:
+        done = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def dataset_digest(skill_path: Path, results_path: Path, conversations: list[Path]) -> str:
+    """A digest of the dataset's contents: the skill, the results file and every conversation."""
+    digest = hashlib.sha256()
+    for path in (skill_path, results_path, *conversations):
+        digest.update(path.name.encode("utf-8") + b"\0")
+        if path.is_file():
+            with open(path, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def prompt_name(group: str, mode: str, skill_aware: bool, overridden: bool, provenance: bool = False) -> str:
+    """The prompt registry's name of a system prompt: a new version only when its text changes."""
+    name = f"reflact.{group}.{get_mode(mode).short}"
+    name += (".skill_aware" if skill_aware else "") + (".provenance" if provenance else "")
+    return name + (".custom" if overridden else "")
+
+
+class Store:
+    """One MLflow tracking store, and the run being written to it. Every method may raise: the
+    callers (live tracking, relog) turn a failure into a warning and the run dir stays complete."""
+
+    def __init__(self, uri: str, experiment: str, launch_dir: Path) -> None:
+        mlflow_defaults()
+        with one_at_a_time():
+            from mlflow.tracking import MlflowClient
+
+        self.uri = uri
+        self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        self.experiment_id = experiment_id(self.client, experiment, uri, launch_dir)
+        self.run_id = ""
+        self._artifact_dir: Path | None = None
+
+    def retire(self, run_dir: Path) -> None:
+        """Ends and deletes every active run logged for `run_dir` before (a rerun replaces its run,
+        whatever moment the earlier process died at): one run dir, one active MLflow run."""
+        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`reflact.run_dir` = "
+                                       f"'{_quoted(str(run_dir))}'", max_results=1000)
+        for run in runs:
+            if run.info.status == "RUNNING":
+                self.client.set_terminated(run.info.run_id, "KILLED")
+            self.client.delete_run(run.info.run_id)
+
+    def create(self, name: str, tags: dict[str, str], start_ms: int) -> str:
+        run = self.client.create_run(self.experiment_id, start_time=start_ms, tags=tags, run_name=name)
+        self.run_id = run.info.run_id
+        self._artifact_dir = _local_dir(run.info.artifact_uri)
+        return self.run_id
+
+    def log_params(self, params: dict[str, str]) -> None:
+        with one_at_a_time():
+            from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in params.items()]
+        for start in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[start : start + 100], synchronous=True)
+
+    def log_metrics(self, rows: list[tuple[str, float, int]], timestamp_ms: int) -> None:
+        with one_at_a_time():
+            from mlflow.entities import Metric
+
+        metrics = [Metric(key, value, timestamp_ms, step) for key, value, step in rows]
+        for start in range(0, len(metrics), 1000):
+            self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
+
+    def log_files(self, files: list[tuple[Path, str]]) -> None:
+        """(file, artifact folder) pairs. A local artifact store gets hard links where it can: the
+        run dir already holds the bytes, and its files are only ever replaced, never rewritten."""
+        for path, folder in files:
+            if not path.is_file():
+                continue
+            if self._artifact_dir is None:
+                self.client.log_artifact(self.run_id, str(path), folder)
+                continue
+            target = self._artifact_dir / folder / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.unlink(missing_ok=True)
+            try:
+                os.link(path, target)
+            except OSError:  # another file system, or links not allowed
+                shutil.copyfile(path, target)
+
+    def log_table(self, table: dict[str, list], name: str) -> None:
+        self.client.log_table(self.run_id, table, name)
+
+    def log_dataset(self, name: str, digest: str, source: str, profile: dict) -> None:
+        with one_at_a_time():
+            from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        dataset = Dataset(name=name, digest=digest, source_type="local", source=json.dumps({"uri": source}),
+                          profile=json.dumps(profile))
+        inputs = [DatasetInput(dataset, [InputTag("mlflow.data.context", "reflect")])]
+        # Jobs of a sweep log the same dataset at once: the store's insert of the loser of that race
+        # fails on the unique key and is rolled back; asked again, the store finds the winner's row.
+        for attempt in range(3):
+            try:
+                self.client.log_inputs(self.run_id, inputs)
+                return
+            except Exception:  # noqa: BLE001
+                if attempt == 2:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+
+    def link_prompt(self, name: str, text: str, template_hash: str) -> None:
+        """Registers `text` under `name` unless its latest version holds it already; links it to the run.
+        Jobs of a sweep may register the same prompt at once: the loser of that race finds the winner's."""
+        for attempt in range(3):
+            version = self._latest_prompt(name)
+            if version is not None and version.template == text:
+                break
+            try:
+                version = self.client.register_prompt(name=name, template=text, tags={"reflact.template_hash":
+                                                      template_hash}, commit_message=f"hash {template_hash}")
+                break
+            except Exception:  # noqa: BLE001 - registered meanwhile by another job: look again
+                if attempt == 2:
+                    raise
+        self.client.link_prompt_version_to_run(self.run_id, version)
+
+    def _latest_prompt(self, name: str):
+        try:
+            return self.client.load_prompt(f"prompts:/{name}@latest")
+        except Exception:  # noqa: BLE001 - not registered yet
+            return None
+
+    def trace(self, event, model: str) -> None:
+        """One request as an MLflow trace, linked to the run: the exact messages, the reply or the
+        error, tokens, latency, retries and whether the cache answered."""
+        reply = event.reply
+        started = reply.started_at if reply is not None else event.ended_at
+        span = self.client.start_trace(
+            name=event.tag, span_type="LLM", inputs={"messages": event.messages}, experiment_id=self.experiment_id,
+            run_id=self.run_id, start_time_ns=int(started * 1e9),
+            tags={"reflact.minibatch": event.tag, "reflact.request": str(event.number)},
+            attributes={"model": model, "request": event.number},
+        )
+        if reply is None:
+            self.client.end_trace(span.trace_id, outputs={"error": event.error}, status="ERROR",
+                                  end_time_ns=int(event.ended_at * 1e9))
+            return
+        attributes = {f"tokens_{k}": v for k, v in asdict(reply.usage).items()}
+        attributes.update({"latency_s": round(reply.latency_s, 3), "retries": reply.retries,
+                           "from_cache": reply.from_cache, "finish_reason": reply.finish_reason or "",
+                           "structured_output": reply.structured, "cost_usd": event.cost_usd})
+        self.client.end_trace(span.trace_id, outputs={"reply": reply.text}, attributes=attributes,
+                              end_time_ns=int((started + reply.latency_s) * 1e9))
+
+    def end(self, status: str, end_ms: int) -> None:
+        self.client.set_terminated(self.run_id, status, end_time=end_ms)
+
+
+def mlflow_defaults() -> None:
+    """reflact's defaults for MLflow's settings, read when mlflow is first imported (a user's own
+    values win). Its default (7 retries with backoff) would hold a run for minutes when a tracking
+    server is down; the outputs are safe on disk, so give up sooner. Its notes on migrating a fresh
+    store are not the run's progress."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    # traces are written on reflact's own tracker thread already; MLflow's async queue would add
+    # its own thread, polled once a second, that the end of every run had to wait for
+    os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
+
+
+@contextlib.contextmanager
+def mlflow_globals_at(uri: str):
+    """Traces and prompt links follow MLflow's global tracking URI: point it at the run's store
+    while they are written, then restore what it was."""
+    mlflow_defaults()
+    with one_at_a_time():  # setting the URI resets MLflow's tracer, which loads parts of MLflow
+        scope = _tracking_uri_scope(uri)
+        scope.__enter__()
+    try:
+        yield
+    finally:
+        with one_at_a_time():
+            scope.__exit__(None, None, None)
+
+
+def _tracking_uri_scope(uri: str) -> contextlib.AbstractContextManager:
+    try:
+        with one_at_a_time():
+            from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+    except ImportError:  # a later MLflow moved it: fall back to setting it (not restored)
+        with one_at_a_time():
+            import mlflow
+
+        mlflow.set_tracking_uri(uri)
+        return contextlib.nullcontext()
+    return _use_tracking_uri(uri)
+
+
+def experiment_id(client, name: str, uri: str, launch_dir: Path) -> str:
+    """The experiment's id, created on first use (which also migrates a fresh sqlite store)."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    # a local sqlite store keeps its artifacts beside it under outputs/, not in ./mlruns
+    location = (launch_dir / "outputs" / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") else None
+    try:  # the UI then opens on its runs table (model development), not on its GenAI views
+        return client.create_experiment(name, artifact_location=location,
+                                        tags={"mlflow.experimentKind": "custom_model_development"})
+    except Exception:  # created meanwhile by a parallel job of the same sweep: use that one
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def _local_dir(artifact_uri: str) -> Path | None:
+    parsed = urlparse(artifact_uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    return Path(artifact_uri) if parsed.scheme == "" else None
+
+
+def _quoted(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def sweep_id(sweep_dir: Path, launch_dir: Path) -> str:
+    """Names a sweep in tags: its folder, relative to where it was started when possible."""
+    try:
+        return str(sweep_dir.resolve().relative_to(launch_dir.resolve()))
+    except ValueError:
+        return str(sweep_dir.resolve())
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:299] + "…"
