@@ -287,7 +287,7 @@ def test_cli_error_is_one_stderr_line_and_exit_code_2(tmp_path):
     src = tmp_path / "runs.jsonl"
     src.write_text('{"id": "x", "messages": [], "score": "high"}\n', encoding="utf-8")
     proc = subprocess.run(
-        [sys.executable, "-m", "reflact.inputs.importers", "chat_jsonl", str(src), str(tmp_path / "ds")],
+        [sys.executable, "-m", "reflact.importers", "chat_jsonl", str(src), str(tmp_path / "ds")],
         cwd=PROJECT,
         capture_output=True,
         text=True,
@@ -302,7 +302,7 @@ def test_cli_error_is_one_stderr_line_and_exit_code_2(tmp_path):
 
 def test_cli_help_works(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "reflact.inputs.importers", "--help"], cwd=PROJECT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "reflact.importers", "--help"], cwd=PROJECT, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0
     assert "taubench" in proc.stdout and "chat_jsonl" in proc.stdout and "--force" in proc.stdout

@@ -363,15 +363,16 @@ def test_echoed_api_key_is_found_nowhere(tmp_path, launch_dir):
     run_dir = tmp_path / "run"
     echo = {"error": {"message": f"Incorrect API key provided: {CANARY}", "type": "invalid_request_error"}}
 
-    def script(request, number):
-        if number == 1:
+    def script(request, number):  # after a first answer: a 401 before any would stop the run (a dead endpoint)
+        if number == 2:
             return Response(status=401, body=echo)
         return None
 
     with OptimizerServer(script=script) as server:
         auth = server.authorizations
         args = [f"data.dir={dataset}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
-                f"hydra.run.dir={run_dir}", "reflect.minibatch_size=2", "mlflow.trace_calls=true"]
+                f"hydra.run.dir={run_dir}", "reflect.minibatch_size=2", "mlflow.trace_calls=true",
+                "reflect.workers=1"]
         proc = run_cli(*args, cwd=launch_dir, env={"OPENAI_API_KEY": CANARY})  # response cache on: cache.db
     ok(proc)
     # meaningful: the client sent the key, and the server's echo of it was received and recorded

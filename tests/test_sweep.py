@@ -215,7 +215,7 @@ def sweeps(tmp_path_factory, migrated_store):
 
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     report_out = root / "report"
-    report_cli = [sys.executable, "-m", "reflact.sweeps.grid_report"]
+    report_cli = [sys.executable, "-m", "reflact.report"]
     known = subprocess.Popen([*report_cli, SWEEP_ID, "--tracking-uri", uri, "--out", str(report_out)],
                              cwd=launch, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     unknown = subprocess.Popen([*report_cli, "outputs/sweeps/nope", "--tracking-uri", uri,
