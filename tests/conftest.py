@@ -89,6 +89,20 @@ def make_config(*overrides: str) -> reflact_config.ReflactConfig:
     return reflact_config.from_hydra(dict_cfg)[0]
 
 
+def stage_for(tmp_path: Path, server, data: Path, *overrides: str, run_dir: Path | None = None, optimizer=None):
+    """The stage through the real client against `server` (response cache off unless a test turns
+    it on), or through `optimizer` when given."""
+    from reflact.calls.client import make_client
+    from reflact.inputs.dataset import load_dataset
+    from reflact.running.stage import Stage
+
+    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.retry.initial_wait_s=0.01", "optimizer.retry.max_wait_s=0.02", "optimizer.cache=off",
+                      *overrides)
+    client = optimizer or make_client(cfg.optimizer, tmp_path, environ={})
+    return Stage(cfg, load_dataset(cfg.data), client, run_dir or tmp_path / "run")
+
+
 @pytest.fixture
 def server():
     with OptimizerServer() as srv:
@@ -122,6 +136,30 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 180
         [sys.executable, "-m", "reflact.run", *args],
         cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
     )
+
+
+def output(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout + proc.stderr
+
+
+def ok(proc: subprocess.CompletedProcess) -> str:
+    """The command succeeded (its output's tail shown when not); returns what it printed."""
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    )
+    return output(proc)
+
+
+def summary_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+
+
+def patches_of(run_dir: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted((run_dir / "patches").glob("*.json"))}
+
+
+def file_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def start_mlflow_server(root: Path, store: Path) -> tuple[subprocess.Popen, str]:

@@ -22,20 +22,18 @@ from rapidfuzz import fuzz
 from reflact.analysis import matching
 from reflact.analysis.figures import Item, Run, analyse, load_run, seed_agreement
 from reflact.analysis.matching import item_key, match, match_chunks, normalise
-from reflact.calls.client import make_client
 from reflact.calls.protocol import DryRunEstimator
 from reflact.errors import UserError
 from reflact.experiment import Launch, run_experiment
-from reflact.inputs.dataset import load_dataset
 from reflact.modes import MODES, SUPPORT_FIELD, reply_schema
 from reflact.prompting.prompts import GROUP_TEMPLATE, load_template, resolve_system_prompts
 from reflact.replies.patches import check_reply
 from reflact.replies.provenance import with_support_ids
 from reflact.running.rundir import fingerprint
-from reflact.running.stage import Stage
 from reflact.sweeps.grid_report import add_seed_agreement, grid_rows, write_table
 from reflact.testing.optimizer_server import Response, chat_body, default_reply, seeded_items
 from tests.conftest import make_config, write_dataset
+from tests.conftest import stage_for as shared_stage_for
 
 PATCH = MODES["patch"]
 DEFAULT = 0.85  # analysis.match_threshold
@@ -219,11 +217,9 @@ def test_ten_thousand_templated_items_that_all_match_cost_no_memory_for_pairs():
 
 
 def stage_for(tmp_path, server, data, *overrides, run_dir=None, optimizer=None):
-    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
-                      "optimizer.retry.initial_wait_s=0.01", "optimizer.cache=off", "reflect.minibatch_size=4",
-                      *overrides)
-    client = optimizer or make_client(cfg.optimizer, tmp_path, environ={})
-    return Stage(cfg, load_dataset(cfg.data), client, run_dir or tmp_path / "run")
+    """The shared stage_for, with minibatches of 4 unless a test says otherwise."""
+    return shared_stage_for(tmp_path, server, data, "reflect.minibatch_size=4", *overrides, run_dir=run_dir,
+                            optimizer=optimizer)
 
 
 def saved(run_dir: Path, tag: str) -> dict:

@@ -7,14 +7,13 @@ as a user's `outputs/` folder would be.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from reflact.testing.optimizer_server import OptimizerServer
-from tests.conftest import PROJECT, run_cli
+from tests.conftest import PROJECT, file_bytes, ok, output, patches_of, run_cli, summary_of
 
 CANARY = "sk-canary-123"
 PROMPTS = PROJECT / "prompts"
@@ -31,24 +30,9 @@ def cli(server, launch_dir: Path, run_dir: Path, *args: str, env: dict | None = 
     return run_cli(*args, f"hydra.run.dir={run_dir}", *point, cwd=launch_dir, env=env)
 
 
-def output(proc) -> str:
-    return proc.stdout + proc.stderr
 
 
-def ok(proc) -> None:
-    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}"
 
-
-def summary_of(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-
-
-def patches_of(run_dir: Path) -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted((run_dir / "patches").glob("*.json"))}
-
-
-def file_bytes(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def mlflow_client(launch_dir: Path):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROJECT, write_dataset
+from tests.conftest import PROJECT, ok, write_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -103,10 +103,6 @@ def run(python: Path, *args: str, cwd: Path, script: bool = False) -> subprocess
     command = [str(python.parent / "reflact")] if script else [str(python), "-m", "reflact.run"]
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
-
-def ok(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}"
-    return proc.stdout + proc.stderr
 
 
 def imported_from(python: Path, cwd: Path) -> Path:

@@ -34,7 +34,7 @@ from reflact.running.rundir import RunDir
 from reflact.running.stage import Stage
 from reflact.running.summary import summarize
 from reflact.testing.optimizer_server import OptimizerServer, Response, chat_body, default_reply
-from tests.conftest import make_config, run_cli, write_dataset
+from tests.conftest import file_bytes, make_config, ok, output, patches_of, run_cli, summary_of, write_dataset
 
 CANARY = "sk-canary-7f3a9c1e5b2d4a6f8e0c"
 IDS = re.compile(r"^### Trajectory \d+ of \d+ \(id: (.+)\)$", re.M)
@@ -63,24 +63,9 @@ def relog_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Comp
                           capture_output=True, text=True, timeout=120)
 
 
-def output(proc) -> str:
-    return proc.stdout + proc.stderr
 
 
-def ok(proc) -> None:
-    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}"
 
-
-def file_bytes(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def patches_of(run_dir: Path) -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted((run_dir / "patches").glob("*.json"))}
-
-
-def summary_of(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
 
 
 def slow_default(delay_s: float):

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from reflact.calls.client import make_client
 from reflact.calls.protocol import DryRunEstimator
 from reflact.experiment import Launch, run_experiment
 from reflact.inputs.dataset import Dataset, load_dataset
@@ -26,7 +25,7 @@ from reflact.running.rundir import RunDir, fingerprint
 from reflact.running.stage import Stage
 from reflact.running.summary import counts, run_status
 from reflact.testing.optimizer_server import Response, chat_body, default_reply
-from tests.conftest import SKILL, long_dataset, make_config, write_dataset
+from tests.conftest import SKILL, long_dataset, make_config, stage_for, write_dataset
 
 OFFLINE = "optimizer.base_url=http://127.0.0.1:9"  # never called: the plan and prompts only
 SHOWN_IDS = re.compile(r"^### Trajectory \d+ of \d+ \(id: (.+)\)$", re.M)
@@ -49,14 +48,6 @@ def plan_of(data: Path, *overrides: str) -> list[Minibatch]:
     cfg = make_config(f"data.dir={data}", OFFLINE, *overrides)
     return plan_minibatches(load_dataset(cfg.data).results, cfg.reflect)
 
-
-def stage_for(tmp_path, server, data, *overrides, run_dir=None) -> Stage:
-    """The stage through the real client (response cache off unless a test turns it on)."""
-    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
-                      "optimizer.retry.initial_wait_s=0.01", "optimizer.retry.max_wait_s=0.02", "optimizer.cache=off",
-                      *overrides)
-    return Stage(cfg, load_dataset(cfg.data), make_client(cfg.optimizer, tmp_path, environ={}),
-                 run_dir or tmp_path / "run")
 
 
 def dry_stage(data: Path, run_dir: Path, *overrides: str) -> Stage:

@@ -24,7 +24,7 @@ import pytest
 
 from reflact.running.rundir import SweepDir
 from reflact.testing.optimizer_server import OptimizerServer, Response
-from tests.conftest import PROJECT, run_cli, start_mlflow_server, stop, write_dataset
+from tests.conftest import PROJECT, ok, run_cli, start_mlflow_server, stop, summary_of, write_dataset
 
 MS = (2, 4, 8)
 LS = (1, 2, 4)
@@ -41,11 +41,6 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # ---------------------------------------------------------------------------------------------
 # helpers
 
-
-def ok(proc) -> None:
-    assert proc.returncode == 0, (
-        f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
-    )
 
 
 def sweep(server: OptimizerServer, launch: Path, *extra: str):
@@ -120,9 +115,6 @@ def one_dir_each(jobs: dict[tuple[int, int], list[Path]]) -> dict[tuple[int, int
     assert not doubled, f"more than one job dir per cell: {doubled}"
     return {cell: dirs[0] for cell, dirs in jobs.items()}
 
-
-def summary_of(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
 
 
 def all_patch_bytes(launch: Path) -> dict[str, bytes]:

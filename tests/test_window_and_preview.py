@@ -4,19 +4,10 @@ from __future__ import annotations
 
 import json
 
-from reflact.calls.client import make_client
 from reflact.experiment import Launch, run_experiment
-from reflact.inputs.dataset import load_dataset
 from reflact.running.rundir import RunDir
-from reflact.running.stage import Stage
 from reflact.testing.optimizer_server import Response, chat_body
-from tests.conftest import long_dataset, make_config, write_dataset
-
-
-def stage_for(tmp_path, server, data, *overrides):
-    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
-                      "optimizer.cache=off", *overrides)
-    return Stage(cfg, load_dataset(cfg.data), make_client(cfg.optimizer, tmp_path, environ={}), tmp_path / "run")
+from tests.conftest import long_dataset, make_config, stage_for, write_dataset
 
 
 def test_a_minibatch_too_large_for_the_window_is_split_and_merged(tmp_path, server):
