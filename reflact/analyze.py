@@ -213,7 +213,7 @@ def log_to_parents(sweeps: list[SweepDir], metrics: dict[str, float], paths: lis
             for path in paths:
                 client.log_artifact(record["run_id"], str(path), "analysis")
             log.info("logged to the MLflow parent run %s of %s", record["run_id"], sweep.root)
-        except Exception as exc:  # noqa: BLE001 - the store's failure, in one line; the report is on disk
+        except Exception as exc:  # the store's failure, in one line; the report is on disk
             log.warning("MLflow logging to %s failed: %s", record["tracking_uri"], one_line(exc))
             ok = False
     return ok

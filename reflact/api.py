@@ -18,9 +18,9 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from reflact.config import ReflactConfig
 from reflact.imports import one_at_a_time

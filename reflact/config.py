@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from reflact.errors import UserError
@@ -62,10 +62,10 @@ class Provider(Enum):
 
 @dataclass
 class DataConfig:
-    dir: Optional[str] = None  # a dataset folder; the three paths below default into it
-    skill: Optional[str] = None
-    results: Optional[str] = None
-    predictions: Optional[str] = None
+    dir: str | None = None  # a dataset folder; the three paths below default into it
+    skill: str | None = None
+    results: str | None = None
+    predictions: str | None = None
     on_bad_conversation: OnBadConversation = OnBadConversation.error
     max_file_mb: float = 64.0  # any input file larger than this is bad input (a runaway log, a wrong path)
 
@@ -96,8 +96,8 @@ class ReflectConfig:
 
 @dataclass
 class PromptsConfig:
-    error: Optional[str] = None  # override of the failure template: text or a file path
-    success: Optional[str] = None
+    error: str | None = None  # override of the failure template: text or a file path
+    success: str | None = None
 
 
 @dataclass
@@ -119,8 +119,8 @@ class RetryConfig:
 
 @dataclass
 class AzureConfig:
-    endpoint: Optional[str] = None  # https://<resource>.openai.azure.com
-    deployment: Optional[str] = None
+    endpoint: str | None = None  # https://<resource>.openai.azure.com
+    deployment: str | None = None
     api_version: str = "2024-10-21"
 
 
@@ -128,7 +128,7 @@ class AzureConfig:
 class OptimizerConfig:
     model: str = "gpt-5"
     provider: Provider = Provider.openai
-    base_url: Optional[str] = None
+    base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"  # the name of the variable, never the key
     azure: AzureConfig = field(default_factory=AzureConfig)
     timeout_s: float = 600.0
@@ -137,31 +137,31 @@ class OptimizerConfig:
     max_output_tokens_ceiling: int = 128000  # a reply cut off by the limit is re-asked with twice the room, up to this
     # OpenAI's reasoning models need max_completion_tokens; some older servers only know max_tokens
     token_limit_param: str = "max_completion_tokens"
-    temperature: Optional[float] = None
-    reasoning_effort: Optional[str] = None
+    temperature: float | None = None
+    reasoning_effort: str | None = None
     structured_output: StructuredOutput = StructuredOutput.auto
     sample: int = 0  # part of the cache key: with temperature > 0, sample=1,2,... are fresh draws
     # draws per minibatch: draw d is asked with sample index `sample + d` (and, when > 1, that seed)
     samples: int = 1
     cache: CacheMode = CacheMode.read_write
-    cache_path: Optional[str] = None  # default: <launch dir>/outputs/cache.db
-    context_window: Optional[int] = None  # tokens; prompts that would not fit are split or shortened
+    cache_path: str | None = None  # default: <launch dir>/outputs/cache.db
+    context_window: int | None = None  # tokens; prompts that would not fit are split or shortened
     context_overflow: ContextOverflow = ContextOverflow.split
-    max_cost_usd: Optional[float] = None  # spend never passes it: a call starts only if its worst case fits
-    rpm: Optional[int] = None  # requests per minute, shared by all workers of a run
-    tpm: Optional[int] = None  # tokens per minute (prompt estimate + output allowance)
+    max_cost_usd: float | None = None  # spend never passes it: a call starts only if its worst case fits
+    rpm: int | None = None  # requests per minute, shared by all workers of a run
+    tpm: int | None = None  # tokens per minute (prompt estimate + output allowance)
     dry_run: bool = False  # build and save every prompt, estimate tokens and cost, call nothing
     retry: RetryConfig = field(default_factory=RetryConfig)
     # model -> {input, cached_input, output}; plain dicts so a new model can be priced on the
     # command line (+optimizer.prices.my-model={input:1,output:2}); checked by validate()
-    prices: Dict[str, Any] = field(default_factory=dict)
+    prices: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class MlflowConfig:
     enabled: bool = True
     trace_calls: bool = True  # one MLflow trace per optimizer call, linked to the run
-    tracking_uri: Optional[str] = None  # default: sqlite:///<launch dir>/outputs/mlflow.db
+    tracking_uri: str | None = None  # default: sqlite:///<launch dir>/outputs/mlflow.db
     experiment: str = "reflact"
 
 
@@ -173,9 +173,9 @@ class Matcher(Enum):
 
 @dataclass
 class EmbeddingConfig:
-    base_url: Optional[str] = None  # default: optimizer.base_url
+    base_url: str | None = None  # default: optimizer.base_url
     model: str = "text-embedding-3-small"
-    api_key_env: Optional[str] = None  # default: optimizer.api_key_env
+    api_key_env: str | None = None  # default: optimizer.api_key_env
     # cosine at or above which two items match (bench/README.md: the labelled pairs' figures)
     threshold: float = 0.9
     batch: int = 64  # texts per request
@@ -195,7 +195,7 @@ class AnalysisConfig:
     matcher: Matcher = Matcher.lexical
     # cheap vetoes on embedding matches (reflact.analysis.guards: numbers, negation, target); negation is
     # left out by default: on the labelled pairs it cost 7 of 30 paraphrases (bench/README.md)
-    guards: List[str] = field(default_factory=lambda: ["numbers", "target"])
+    guards: list[str] = field(default_factory=lambda: ["numbers", "target"])
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     # two items match when every compared field (lowercased, whitespace collapsed, words sorted)
@@ -209,7 +209,7 @@ class AnalysisConfig:
 @dataclass
 class ReflactConfig:
     name: str = "default"  # names the sweep folder outputs/sweeps/<name>, so rerunning a sweep resumes it
-    optimized_metric: Optional[str] = None  # a run metric the job returns, for sweepers such as Optuna
+    optimized_metric: str | None = None  # a run metric the job returns, for sweepers such as Optuna
     data: DataConfig = field(default_factory=DataConfig)
     reflect: ReflectConfig = field(default_factory=ReflectConfig)
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
@@ -527,7 +527,7 @@ def _split_url(value: str, key: str) -> SplitResult:
         raise UserError(f"{key} contains whitespace or control characters")
     try:
         parts = urlsplit(value)
-        parts.port  # raises on a port that is not a number in 0..65535
+        _ = parts.port  # raises on a port that is not a number in 0..65535
     except ValueError:
         raise UserError(f"{key} is not a valid URL (check the host and port)") from None
     return parts

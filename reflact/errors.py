@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from reflact.imports import one_at_a_time
 
@@ -90,7 +91,7 @@ def exits_on_user_error(command: Callable[..., T]) -> Callable[..., T]:
         except KeyboardInterrupt as exc:
             print(f"reflact: {exc if isinstance(exc, Stopped) else 'interrupted'}", file=sys.stderr)
             raise SystemExit(getattr(exc, "exit_code", 130)) from None
-        except Exception as exc:  # noqa: BLE001 - mistakes get one line; bugs keep their traceback
+        except Exception as exc:  # mistakes get one line; bugs keep their traceback
             line, code = _ending(exc)
             print(f"reflact: {line}", file=sys.stderr)
             raise SystemExit(code) from None
@@ -107,7 +108,7 @@ def fails_the_job(command: Callable[..., T]) -> Callable[..., T]:
     def guarded(*args, **kwargs) -> T:
         try:
             return command(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - bugs keep their traceback
+        except Exception as exc:  # bugs keep their traceback
             line, _ = _ending(exc)
             print(f"reflact: {line}", file=sys.stderr)
             raise JobFailed(line) from None

@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from reflact.analysis.figures import analyse_run_dir
 from reflact.analysis.figures import warm as analysis_warm

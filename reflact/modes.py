@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -18,11 +18,11 @@ class Edit(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     op: Literal[EDIT_OPS]  # the tuple subscripts as its members
-    target: Optional[str] = None
-    content: Optional[str] = None
+    target: str | None = None
+    content: str | None = None
 
     @model_validator(mode="after")
-    def _fields_for_op(self) -> "Edit":
+    def _fields_for_op(self) -> Edit:
         if self.op in NEEDS_TARGET and not self.target:
             raise ValueError(f"op '{self.op}' needs a non-empty 'target'")
         if self.op in NEEDS_CONTENT and self.content is None:

@@ -45,7 +45,7 @@ def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | No
             run_id = mirror.open()
             mirror.write(_events(rd, summary, outcomes))
             mirror.end(summary, status, int(summary.get("times", {}).get("ended_at", time.time()) * 1000))
-    except Exception as exc:  # noqa: BLE001 - the store's failure, in one line
+    except Exception as exc:  # the store's failure, in one line
         log.warning("MLflow logging to %s failed: %s", uri, one_line(exc))
         return None
     rd.write_mlflow_record({"run_id": run_id, "tracking_uri": uri, "status": status})

@@ -70,7 +70,7 @@ class Embedder:
         self.spent.cache_hits += len(distinct) - len(missing)
         for start in range(0, len(missing), self.batch):
             part = missing[start:start + self.batch]
-            found.update(zip(part, self._ask(part)))
+            found.update(zip(part, self._ask(part), strict=True))
         if not texts:
             return np.zeros((0, 1), dtype=np.float32)
         matrix = np.asarray([found[text] for text in texts], dtype=np.float32)
@@ -103,12 +103,12 @@ class Embedder:
             self.spent.cost_usd += cost
         except AnalysisUnavailable:
             raise
-        except Exception as exc:  # noqa: BLE001 - one line naming the setting, whatever the SDK raised
+        except Exception as exc:  # one line naming the setting, whatever the SDK raised
             raise AnalysisUnavailable(self._why(exc, describe_error(exc, self.secret))) from None
         finally:
             self.spend.settle(worst, cost)
         if self.cache:
-            for text, vector in zip(texts, vectors):
+            for text, vector in zip(texts, vectors, strict=True):
                 self.cache.put(self._key(text), {"vector": vector})
         return vectors
 
@@ -119,8 +119,8 @@ class Embedder:
 
         from reflact.calls.client import is_transient, wait_after
 
-        retrying = Retrying(retry=retry_if_exception(is_transient), reraise=True,
-                            stop=stop_after_attempt(self.retry.max_attempts) | stop_before_delay(self.retry.max_seconds),
+        stop = stop_after_attempt(self.retry.max_attempts) | stop_before_delay(self.retry.max_seconds)
+        retrying = Retrying(retry=retry_if_exception(is_transient), reraise=True, stop=stop,
                             wait=wait_after(self.retry.initial_wait_s, self.retry.max_wait_s))
         for attempt in retrying:
             with attempt:

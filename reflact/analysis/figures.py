@@ -153,7 +153,7 @@ def analyse(run: Run, matcher) -> dict:
 def _agreement(run: Run, agreeing: list[bool]) -> dict:
     """Per minibatch with two draws or more: its items, over its draws, and those another draw repeats."""
     counts: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
-    for item, agrees in zip(run.items, agreeing):
+    for item, agrees in zip(run.items, agreeing, strict=True):
         counts[(item.group, item.index)][0] += 1
         counts[(item.group, item.index)][1] += agrees
     records = []
@@ -171,7 +171,7 @@ def _agreement(run: Run, agreeing: list[bool]) -> dict:
 def _groups(items: list[Item], cluster: list[int]) -> list[list[str]]:
     """The clusters of two items or more, largest first: each item as `<minibatch>#<position>`."""
     members: dict[int, list[str]] = defaultdict(list)
-    for item, c in zip(items, cluster):
+    for item, c in zip(items, cluster, strict=True):
         members[c].append(f"{item.tag}#{item.position}")
     return sorted((m for m in members.values() if len(m) > 1), key=len, reverse=True)
 

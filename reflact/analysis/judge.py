@@ -55,7 +55,8 @@ class JudgeMatcher:
         b = np.concatenate([y for _, y in found]) if found else np.zeros(0, dtype=np.int64)
         same = np.zeros(len(a), dtype=bool)
         for start in range(0, len(a), self.batch):
-            pairs = [(keys[i], keys[j]) for i, j in zip(a[start:start + self.batch], b[start:start + self.batch])]
+            here = slice(start, start + self.batch)
+            pairs = [(keys[i], keys[j]) for i, j in zip(a[here], b[here], strict=True)]
             same[start:start + len(pairs)] = self._ask(pairs, start // self.batch + 1)
         yield a[same], b[same]
 

@@ -27,7 +27,8 @@ class Chosen:
             return {}
         parts = {kind: spent.as_dict() for kind, spent in self.spent.items()}
         total = {key: round(sum(p[key] for p in parts.values()), 6) for key in ("requests", "tokens", "cost_usd")}
-        return {"analysis_calls": parts, "analysis_tokens": int(total["tokens"]), "analysis_cost_usd": total["cost_usd"]}
+        return {"analysis_calls": parts, "analysis_tokens": int(total["tokens"]),
+                "analysis_cost_usd": total["cost_usd"]}
 
     def close(self) -> None:
         for close in self.closers:

@@ -96,8 +96,8 @@ def item_key(item: object) -> Key | None:
 class Matched:
     """What the matches of some items come to, item by item."""
 
-    cluster: "np.ndarray"  # each item's cluster (connected components of the match graph)
-    recurs: dict[str, "np.ndarray"]  # per label: does a matching item share its `same` and differ in `other`
+    cluster: np.ndarray  # each item's cluster (connected components of the match graph)
+    recurs: dict[str, np.ndarray]  # per label: does a matching item share its `same` and differ in `other`
 
     def distinct(self) -> int:
         return len(set(self.cluster.tolist()))
@@ -124,7 +124,7 @@ def match(keys: list[Key | None], matcher, labels: dict[str, tuple[list[int], li
     return Matched(component, recurs)
 
 
-def _joined(component: "np.ndarray", a: "np.ndarray", b: "np.ndarray") -> "np.ndarray":
+def _joined(component: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The components once the pairs (a, b) are linked too."""
     with one_at_a_time():
         import numpy as np

@@ -143,7 +143,7 @@ class Transport:
             future.cancel()
         try:
             asyncio.run_coroutine_threadsafe(self._sdk.close(), self._loop).result(timeout=CLOSE_WAIT_S)
-        except Exception as exc:  # noqa: BLE001 - the run is ending; a socket left to the OS is no failure
+        except Exception as exc:  # the run is ending; a socket left to the OS is no failure
             log.debug("closing the optimizer's connections: %s", exc)
 
 
@@ -264,7 +264,7 @@ class OptimizerClient:
             for attempt in retrying:
                 with attempt:
                     completion, started, wall, structured = self._send(logical, schema, tokens, sent)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded failed call
+        except Exception as exc:  # every failure becomes a recorded failed call
             if self._stopped():
                 raise self._watch.ended(retries=max(sent[0] - 1, 0)) from None
             raise CallError(describe_error(exc, self._secret), retries=max(sent[0] - 1, 0)) from None
@@ -347,7 +347,7 @@ def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: dict | None = N
     else:
         sdk = openai.AsyncOpenAI(base_url=cfg.base_url, **common)
     # the SDK imports its chat module on first use, under a lock: done here, workers don't queue on it
-    sdk.chat.completions.with_raw_response
+    _ = sdk.chat.completions.with_raw_response
     cache = None
     if cfg.cache is not CacheMode.off:
         path = Path(cfg.cache_path) if cfg.cache_path else launch_dir / "outputs" / "cache.db"

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from reflact.calls.protocol import Usage
 

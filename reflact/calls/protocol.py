@@ -25,7 +25,7 @@ class Usage:
     completion: int = 0
     reasoning: int = 0  # part of completion
 
-    def add(self, other: "Usage") -> None:
+    def add(self, other: Usage) -> None:
         self.prompt += other.prompt
         self.cached += other.cached
         self.completion += other.completion

@@ -32,8 +32,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from reflact.compat import skillopt_settings
 from reflact.config import ReflactConfig
@@ -90,7 +90,7 @@ def run_minibatch_reflect(
 def _leave(saved: dict[str, dict], patches_dir: Path) -> list[dict]:
     """The patches as SkillOpt's reflect returns them, written where SkillOpt's trainer reads them."""
     patches = [as_skillopt_leaves(patch) for patch in saved.values()]
-    for tag, patch in zip(saved, patches):
+    for tag, patch in zip(saved, patches, strict=True):
         write_json(patches_dir / f"{tag}.json", patch)
     return patches
 

@@ -40,7 +40,7 @@ class Folder:
     real: Path
 
     @classmethod
-    def of(cls, path: Path) -> "Folder":
+    def of(cls, path: Path) -> Folder:
         return cls(path, Path(os.path.realpath(path)))
 
     def real_path(self, path: Path) -> str:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 from reflact.calls.protocol import CallError, Optimizer, Reply
 from reflact.config import Price

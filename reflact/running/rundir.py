@@ -25,9 +25,9 @@ import fcntl
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Iterator
 
 from pydantic import ValidationError
 
@@ -203,7 +203,7 @@ class RunDir:
 
 
 @contextlib.contextmanager
-def locked(run_dir: "RunDir"):
+def locked(run_dir: RunDir):
     """One process per run dir at a time: a second one (two shells, a double launch) would pay
     for every call twice. The lock (`.lock`, holding the pid) goes with the process, however it ends."""
     run_dir.root.mkdir(parents=True, exist_ok=True)
@@ -349,6 +349,6 @@ class SweepDir:
         return found
 
     @classmethod
-    def holding(cls, run_dir: Path) -> "SweepDir | None":
+    def holding(cls, run_dir: Path) -> SweepDir | None:
         """The sweep a run dir belongs to: the nearest folder above it that is a sweep dir."""
         return next((cls(folder) for folder in Path(run_dir).resolve().parents if cls(folder).is_sweep()), None)

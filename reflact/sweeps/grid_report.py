@@ -7,9 +7,10 @@ Runs after every multirun (from the sweep callback) and by hand for any sweep in
 SWEEP_ID is the sweep's folder as tagged on its runs (e.g. outputs/sweeps/demo). A cell's figures
 are over its FINISHED jobs only; beside them, how many of its jobs finished, failed (FAILED, KILLED,
 left RUNNING) or are missing (fewer than the fullest cell has, or none), and a cell without a
-finished job says failed or missing instead of a figure. Next to M and L come the analysis figures (reflact.analysis.figures): agreement over draws, redundancy and distinct items
-(mean and spread of the jobs' metrics), and the seed agreement of the cell, computed from the jobs'
-run dirs when they are on this machine (else left empty) and logged to the parent run.
+finished job says failed or missing instead of a figure. Next to M and L come the analysis figures
+(reflact.analysis.figures): agreement over draws, redundancy and distinct items (mean and spread of
+the jobs' metrics), and the seed agreement of the cell, computed from the jobs' run dirs when they
+are on this machine (else left empty) and logged to the parent run.
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ def write_picture(rows: list[dict], out: Path) -> list[Path]:
     for mode in sorted({r["mode"] for r in rows}):
         cells = [r for r in rows if r["mode"] == mode]
         fig, axes = plt.subplots(3, 4, figsize=(17, 11))
-        for ax, metric in zip(axes.flat, PANELS):
+        for ax, metric in zip(axes.flat, PANELS, strict=False):
             _heatmap(fig, ax, cells, metric)
         for ax in axes.flat[len(PANELS):]:
             ax.axis("off")

@@ -99,7 +99,7 @@ class MlflowSweep(Callback):
             store, sweep = self._open
             try:
                 self._end(status_of_children(store, sweep, failed=True))
-            except Exception as exc:  # noqa: BLE001 - the process is ending: say so, do not raise
+            except Exception as exc:  # the process is ending: say so, do not raise
                 log.warning("could not end the sweep's MLflow parent run %s: %s", store.run_id, exc)
 
     def _end(self, status: str) -> None:
@@ -214,7 +214,7 @@ def _where(config: DictConfig) -> tuple[Path, Path]:
 def _alive(store, run_id: str) -> bool:
     try:
         return store.client.get_run(run_id).info.lifecycle_stage == "active"
-    except Exception:  # noqa: BLE001 - deleted or from another store
+    except Exception:  # deleted or from another store
         return False
 
 

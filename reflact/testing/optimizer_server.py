@@ -226,7 +226,7 @@ def response_bytes(body: object) -> bytes:
 
 class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # many workers connect at once; the default backlog of 5 drops some
-    owner: "OptimizerServer"
+    owner: OptimizerServer
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -311,7 +311,7 @@ class OptimizerServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
 
-    def __enter__(self) -> "OptimizerServer":
+    def __enter__(self) -> OptimizerServer:
         self._thread.start()
         return self
 
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
         server = OptimizerServer(script, port=args.port)
     except OSError as error:  # the port is taken
         print(f"optimizer_server: error: cannot listen on 127.0.0.1:{args.port}: {error.strerror}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
     with server:
         print(server.base_url, flush=True)
         try:

@@ -116,7 +116,7 @@ class LiveRun:
                 writer = self._open()
             writer.write(events)
             return writer
-        except Exception as exc:  # noqa: BLE001 - tracking must never cost the run
+        except Exception as exc:  # tracking must never cost the run
             self._warn(exc)
             return False
 
@@ -139,7 +139,7 @@ class LiveRun:
             writer.end(end.summary, end.status)
             self.context.run_dir.write_mlflow_record({"run_id": self.run_id, "tracking_uri": self.uri,
                                                       "status": end.status, "digest": self.digest()})
-        except Exception as exc:  # noqa: BLE001 - tracking must never cost the run
+        except Exception as exc:  # tracking must never cost the run
             self._warn(exc)
 
     def _warn(self, exc: BaseException) -> None:

@@ -185,7 +185,7 @@ class Mirror:
                 name = prompt_name(group, c.cfg.reflect.update_mode, system.notes_allowed[group],
                                    bool(overrides[group]), c.cfg.reflect.provenance)
                 self.store.link_prompt(name, text, content_hash(text))
-        except Exception as exc:  # noqa: BLE001 - the template hashes are params either way
+        except Exception as exc:  # the template hashes are params either way
             log.warning("the templates could not be linked from MLflow's prompt registry: %s", one_line(exc))
 
     def _trace(self, event: Replied) -> None:

@@ -227,7 +227,7 @@ class Store:
             try:
                 self.client.log_inputs(self.run_id, inputs)
                 return
-            except Exception:  # noqa: BLE001
+            except Exception:
                 if attempt == 2:
                     raise
                 time.sleep(0.05 * (attempt + 1))
@@ -243,7 +243,7 @@ class Store:
                 version = self.client.register_prompt(name=name, template=text, tags={"reflact.template_hash":
                                                       template_hash}, commit_message=f"hash {template_hash}")
                 break
-            except Exception:  # noqa: BLE001 - registered meanwhile by another job: look again
+            except Exception:  # registered meanwhile by another job: look again
                 if attempt == 2:
                     raise
         self.client.link_prompt_version_to_run(self.run_id, version)
@@ -251,7 +251,7 @@ class Store:
     def _latest_prompt(self, name: str):
         try:
             return self.client.load_prompt(f"prompts:/{name}@latest")
-        except Exception:  # noqa: BLE001 - not registered yet
+        except Exception:  # not registered yet
             return None
 
     def trace(self, event, model: str) -> None:
