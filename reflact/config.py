@@ -22,8 +22,24 @@ from reflact.modes import get_mode, normalize_mode
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # well-known prefixes of provider keys and tokens: such a value is a secret, never a name or a URL part
 _KEY_PREFIXES = ("sk-", "sk_", "sess-", "gsk_", "xai-", "pplx-", "hf_", "AIza", "ghp_", "github_pat_", "glpat-")
-_SECRET_WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "pwd", "auth", "authorization",
-                 "sig", "signature", "credential", "credentials", "jwt", "bearer", "session"}
+_SECRET_WORDS = {
+    "key",
+    "apikey",
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "pwd",
+    "auth",
+    "authorization",
+    "sig",
+    "signature",
+    "credential",
+    "credentials",
+    "jwt",
+    "bearer",
+    "session",
+}
 
 
 class OnBadConversation(Enum):
@@ -225,10 +241,24 @@ class ReflactConfig:
 # and prompts settings build); they only decide whether a call succeeds and what is recorded of it,
 # and a rerun redoes what failed. A sweep leaves them out of its fixed settings and (with Hydra's
 # launch keys) of its job folder names, so changing one resumes the sweep.
-UNCHANGING = ("name", "optimized_metric", "reflect.workers", "optimizer.base_url", "optimizer.azure.endpoint",
-              "optimizer.api_key_env", "optimizer.timeout_s", "optimizer.retry", "optimizer.rpm", "optimizer.tpm",
-              "optimizer.max_cost_usd", "optimizer.prices", "optimizer.cache", "optimizer.cache_path", "mlflow",
-              "analysis")
+UNCHANGING = (
+    "name",
+    "optimized_metric",
+    "reflect.workers",
+    "optimizer.base_url",
+    "optimizer.azure.endpoint",
+    "optimizer.api_key_env",
+    "optimizer.timeout_s",
+    "optimizer.retry",
+    "optimizer.rpm",
+    "optimizer.tpm",
+    "optimizer.max_cost_usd",
+    "optimizer.prices",
+    "optimizer.cache",
+    "optimizer.cache_path",
+    "mlflow",
+    "analysis",
+)
 LAUNCH = ("hydra", "cluster")  # override keys that choose where and how jobs run, not what they do
 
 
@@ -330,11 +360,15 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     cfg.optimizer.prices = {model: _price(model, value) for model, value in cfg.optimizer.prices.items()}
     o = cfg.optimizer
     if o.max_cost_usd is not None and o.model not in o.prices:
-        raise UserError(f"optimizer.max_cost_usd: the model {o.model!r} has no price, so the cap could not hold; "
-                        f"{how_to_price(o.model)} (USD per million tokens)")
+        raise UserError(
+            f"optimizer.max_cost_usd: the model {o.model!r} has no price, so the cap could not hold; "
+            f"{how_to_price(o.model)} (USD per million tokens)"
+        )
     if cfg.optimized_metric in ("cost_usd", "spent_usd") and o.model not in o.prices:
-        raise UserError(f"optimized_metric: {cfg.optimized_metric} is unknown for the model {o.model!r}, which has no "
-                        f"price; {how_to_price(o.model)} (USD per million tokens)")
+        raise UserError(
+            f"optimized_metric: {cfg.optimized_metric} is unknown for the model {o.model!r}, which has no "
+            f"price; {how_to_price(o.model)} (USD per million tokens)"
+        )
     return cfg
 
 
@@ -355,12 +389,18 @@ def _check_analysis(cfg: ReflactConfig) -> None:
     if a.embedding.api_key_env is not None:
         _check_key_env(a.embedding.api_key_env, "analysis.embedding.api_key_env")
     if a.embedding.base_url is not None:
-        _check_url(a.embedding.base_url, "analysis.embedding.base_url", "http://127.0.0.1:8000/v1",
-                   "put the key in the environment variable named by analysis.embedding.api_key_env")
+        _check_url(
+            a.embedding.base_url,
+            "analysis.embedding.base_url",
+            "http://127.0.0.1:8000/v1",
+            "put the key in the environment variable named by analysis.embedding.api_key_env",
+        )
     if a.matcher is not Matcher.lexical and o.max_cost_usd is not None and a.embedding.model not in o.prices:
-        raise UserError(f"analysis.embedding.model: {a.embedding.model!r} has no price, so optimizer.max_cost_usd "
-                        f"could not hold for the analysis; set +optimizer.prices.{a.embedding.model}={{input:...}} "
-                        "(USD per million tokens; 0 for a local model)")
+        raise UserError(
+            f"analysis.embedding.model: {a.embedding.model!r} has no price, so optimizer.max_cost_usd "
+            f"could not hold for the analysis; set +optimizer.prices.{a.embedding.model}={{input:...}} "
+            "(USD per million tokens; 0 for a local model)"
+        )
 
 
 def priced(cfg: ReflactConfig) -> bool:
@@ -375,8 +415,10 @@ def how_to_price(model: str) -> str:
 
     if re.fullmatch(r"[A-Za-z0-9_-]+", model):
         return f"set +optimizer.prices.{model}={{input:...,cached_input:...,output:...}}"
-    return (f"add \"{model}\": {{input: ..., cached_input: ..., output: ...}} under optimizer.prices in your "
-            "experiment's yaml")
+    return (
+        f'add "{model}": {{input: ..., cached_input: ..., output: ...}} under optimizer.prices in your '
+        "experiment's yaml"
+    )
 
 
 def _check_optimized_metric(name: str | None, reflect: ReflectConfig) -> None:
@@ -424,19 +466,27 @@ def _check_optimizer_numbers(o: OptimizerConfig, full_rewrite: bool) -> None:
     _number(o.timeout_s, "optimizer.timeout_s", above=0)
     _at_least(o.max_output_tokens, 1, "optimizer.max_output_tokens")
     _at_least(o.max_output_tokens_full_rewrite, 1, "optimizer.max_output_tokens_full_rewrite")
-    _at_least(o.max_output_tokens_ceiling, max(o.max_output_tokens, o.max_output_tokens_full_rewrite),
-              "optimizer.max_output_tokens_ceiling")
+    _at_least(
+        o.max_output_tokens_ceiling,
+        max(o.max_output_tokens, o.max_output_tokens_full_rewrite),
+        "optimizer.max_output_tokens_ceiling",
+    )
     if o.temperature is not None:
         _number(o.temperature, "optimizer.temperature", low=0, high=2)
     _at_least(o.sample, 0, "optimizer.sample")
     _at_least(o.samples, 1, "optimizer.samples")
     if o.context_window is not None:
         _at_least(o.context_window, 1, "optimizer.context_window")
-        allowance, allowance_key = ((o.max_output_tokens_full_rewrite, "optimizer.max_output_tokens_full_rewrite")
-                                    if full_rewrite else (o.max_output_tokens, "optimizer.max_output_tokens"))
+        allowance, allowance_key = (
+            (o.max_output_tokens_full_rewrite, "optimizer.max_output_tokens_full_rewrite")
+            if full_rewrite
+            else (o.max_output_tokens, "optimizer.max_output_tokens")
+        )
         if o.context_window <= allowance:
-            raise UserError(f"optimizer.context_window ({o.context_window}) must be larger than {allowance_key} "
-                            f"({allowance}): the prompt needs room beside the reply; lower {allowance_key}")
+            raise UserError(
+                f"optimizer.context_window ({o.context_window}) must be larger than {allowance_key} "
+                f"({allowance}): the prompt needs room beside the reply; lower {allowance_key}"
+            )
     if o.max_cost_usd is not None:
         _number(o.max_cost_usd, "optimizer.max_cost_usd", low=0)
     for key in ("rpm", "tpm"):
@@ -449,16 +499,19 @@ def _check_optimizer_numbers(o: OptimizerConfig, full_rewrite: bool) -> None:
 
 def _check_optimizer_names(o: OptimizerConfig) -> None:
     if not o.model or not o.model.strip():
-        raise UserError("optimizer.model is not set: name the model the server serves, e.g. "
-                        "optimizer.model=qwen3:32b (the compatible, ollama and vllm presets have no default)")
+        raise UserError(
+            "optimizer.model is not set: name the model the server serves, e.g. "
+            "optimizer.model=qwen3:32b (the compatible, ollama and vllm presets have no default)"
+        )
     if o.token_limit_param not in ("max_completion_tokens", "max_tokens"):
         raise UserError(
-            "optimizer.token_limit_param must be max_completion_tokens or max_tokens, "
-            f"got {o.token_limit_param!r}"
+            f"optimizer.token_limit_param must be max_completion_tokens or max_tokens, got {o.token_limit_param!r}"
         )
     if o.reasoning_effort and not re.fullmatch(r"[A-Za-z_-]+", o.reasoning_effort):
-        raise UserError(f"optimizer.reasoning_effort must be one word such as low, medium or high, "
-                        f"got {_shown(o.reasoning_effort)!r}")
+        raise UserError(
+            f"optimizer.reasoning_effort must be one word such as low, medium or high, "
+            f"got {_shown(o.reasoning_effort)!r}"
+        )
     _check_key_env(o.api_key_env)
     if o.cache_path is not None and not o.cache_path.strip():
         raise UserError("optimizer.cache_path is empty: leave it unset (null) for outputs/cache.db")
@@ -475,13 +528,14 @@ def _check_key_env(name: str, key: str = "optimizer.api_key_env") -> None:
     if name and _ENV_NAME.fullmatch(name) and not _looks_like_key(name):
         return
     if not name:
-        raise UserError(f"{key} is empty: name the environment variable that holds the key, "
-                        "e.g. OPENAI_API_KEY")
+        raise UserError(f"{key} is empty: name the environment variable that holds the key, e.g. OPENAI_API_KEY")
     # a short value that is no key is echoed to help spot the typo; anything else may be the key
     shown = "value not shown: it may be a key" if _looks_like_key(name) or len(name) > 20 else f"got {name!r}"
-    raise UserError(f"{key} must be the name of an environment variable (letters, digits, _; "
-                    f"{shown}), not the key: put the key in a variable such as OPENAI_API_KEY and set "
-                    f"{key} to that variable's name")
+    raise UserError(
+        f"{key} must be the name of an environment variable (letters, digits, _; "
+        f"{shown}), not the key: put the key in a variable such as OPENAI_API_KEY and set "
+        f"{key} to that variable's name"
+    )
 
 
 def _check_optimizer_urls(o: OptimizerConfig) -> None:
@@ -497,8 +551,10 @@ def _check_mlflow(m: MlflowConfig) -> None:
         raise UserError("mlflow.experiment is empty: name the MLflow experiment, e.g. reflact")
     if m.tracking_uri:
         # a tracking server's credentials belong in MLflow's own variables, not in the logged config
-        hint = ("use MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN "
-                "(for a database, its own password variable or file, e.g. PGPASSWORD)")
+        hint = (
+            "use MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN "
+            "(for a database, its own password variable or file, e.g. PGPASSWORD)"
+        )
         try:  # no stricter: MLflow takes paths with spaces, databricks://profile:prefix...
             parts = urlsplit(m.tracking_uri)
         except ValueError:
@@ -560,8 +616,12 @@ def _looks_like_key(text: str) -> bool:
     text = text.strip()
     if len(text) >= 20 and text.startswith(_KEY_PREFIXES) and any(c.isdigit() for c in text):
         return True
-    return (len(text) >= 32 and any(c.islower() for c in text) and any(c.isupper() for c in text)
-            and any(c.isdigit() for c in text))
+    return (
+        len(text) >= 32
+        and any(c.islower() for c in text)
+        and any(c.isupper() for c in text)
+        and any(c.isdigit() for c in text)
+    )
 
 
 def _shown(text: str, limit: int = 60) -> str:
@@ -607,8 +667,9 @@ def _at_least(value: int, low: int, key: str) -> None:
     _number(value, key, low=low)
 
 
-def _number(value: object, key: str, low: float | None = None, high: float | None = None,
-            above: float | None = None) -> None:
+def _number(
+    value: object, key: str, low: float | None = None, high: float | None = None, above: float | None = None
+) -> None:
     """A finite number within [low, high] (and > above); NaN and infinity pass no comparison
     the way a range check expects, so they are refused first."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

@@ -71,8 +71,11 @@ def user_error_message(exc: BaseException) -> str | None:
 
 
 # Hydra plugins reflact's presets use, and the extra that installs each
-PLUGIN_EXTRAS = {"hydra/sweeper/optuna": "optuna", "hydra/launcher/joblib": "parallel",
-                 "hydra/launcher/submitit": "slurm"}
+PLUGIN_EXTRAS = {
+    "hydra/sweeper/optuna": "optuna",
+    "hydra/launcher/joblib": "parallel",
+    "hydra/launcher/submitit": "slurm",
+}
 
 
 def _plugin_hint(text: str) -> str:

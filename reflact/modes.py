@@ -117,8 +117,12 @@ def mode_by_number(number: int) -> Mode:
 # one failure pattern, in the shape SkillOpt's trainer reads (failure_type, count, description)
 FAILURE_PATTERN = {
     "type": "object",
-    "properties": {"failure_type": {"type": "string"}, "count": {"type": "integer"},
-                   "trajectories": {"type": "array", "items": {"type": "string"}}, "description": {"type": "string"}},
+    "properties": {
+        "failure_type": {"type": "string"},
+        "count": {"type": "integer"},
+        "trajectories": {"type": "array", "items": {"type": "string"}},
+        "description": {"type": "string"},
+    },
     "required": ["failure_type", "count", "description"],
 }
 
@@ -131,8 +135,10 @@ SUPPORT_IDS_FIELD = "supporting_ids"  # what reflact records: those positions as
 def with_support(item: type[BaseModel]) -> type[BaseModel]:
     """The item model with the provenance field: a subclass, so the plain models (and the schema
     sent without provenance) stay exactly as they are."""
-    positions = (list[Annotated[int, Field(ge=1)]],
-                 Field(description="the numbers i of the headings 'Trajectory i of N' this item stands on"))
+    positions = (
+        list[Annotated[int, Field(ge=1)]],
+        Field(description="the numbers i of the headings 'Trajectory i of N' this item stands on"),
+    )
     return create_model(f"{item.__name__}WithSupport", __base__=item, **{SUPPORT_FIELD: positions})
 
 

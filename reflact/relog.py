@@ -69,9 +69,16 @@ def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: di
     multirun = hc is not None and str(hc.mode) == "MULTIRUN"
     dataset, system = _inputs(cfg)
     return RunContext(
-        cfg, params, rd, launch_dir, float(summary.get("times", {}).get("started_at", time.time())), dataset, system,
+        cfg,
+        params,
+        rd,
+        launch_dir,
+        float(summary.get("times", {}).get("started_at", time.time())),
+        dataset,
+        system,
         tuple(hc.overrides.task) if hc is not None else (),
-        (launch_dir / str(hc.sweep.dir)).resolve() if multirun else None, int(hc.job.num) if multirun else None,
+        (launch_dir / str(hc.sweep.dir)).resolve() if multirun else None,
+        int(hc.job.num) if multirun else None,
         summary["settings"].get("template_hashes"),
     )
 
@@ -112,8 +119,10 @@ def _events(rd: RunDir, summary: dict, outcomes: list) -> list:
     from reflact.prompting.plan import Minibatch, parse_tag
     from reflact.running.events import MinibatchEnded, Planned
 
-    plan = [Minibatch(record["group"], record["index"], [], (parse_tag(record["tag"]) or ("", 0, 0))[2])
-            for record in summary["minibatches"]]
+    plan = [
+        Minibatch(record["group"], record["index"], [], (parse_tag(record["tag"]) or ("", 0, 0))[2])
+        for record in summary["minibatches"]
+    ]
     return [Planned(plan), *(MinibatchEnded(o, rd.patch(o.tag)) for o in outcomes)]
 
 

@@ -23,8 +23,28 @@ from reflact.imports import one_at_a_time
 NAMES = ("numbers", "negation", "target")
 _WORDS = re.compile(r"[a-z]+(?:'t)?|\d+(?:[.,]\d+)?")
 # digits only: number words are as often no quantity ("one more try", "the two candidates")
-NEGATIONS = frozenset({"not", "no", "never", "nor", "neither", "without", "unless", "avoid", "cannot",
-                       "don't", "doesn't", "didn't", "isn't", "aren't", "won't", "can't", "shouldn't", "mustn't"})
+NEGATIONS = frozenset(
+    {
+        "not",
+        "no",
+        "never",
+        "nor",
+        "neither",
+        "without",
+        "unless",
+        "avoid",
+        "cannot",
+        "don't",
+        "doesn't",
+        "didn't",
+        "isn't",
+        "aren't",
+        "won't",
+        "can't",
+        "shouldn't",
+        "mustn't",
+    }
+)
 
 
 def numbers(text: str) -> tuple[str, ...]:

@@ -30,8 +30,11 @@ and the same polarity, in whatever words. Two changes on one topic that differ i
 (another number, a negation, another target, another action) are not the same.
 
 Reply with only a JSON object: {{"same": [true, false, ...]}}, one boolean per pair, in order."""
-SCHEMA = {"type": "object", "properties": {"same": {"type": "array", "items": {"type": "boolean"}}},
-          "required": ["same"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"same": {"type": "array", "items": {"type": "boolean"}}},
+    "required": ["same"],
+}
 
 
 @dataclass
@@ -57,12 +60,16 @@ class JudgeMatcher:
         for start in range(0, len(a), self.batch):
             here = slice(start, start + self.batch)
             pairs = [(keys[i], keys[j]) for i, j in zip(a[here], b[here], strict=True)]
-            same[start:start + len(pairs)] = self._ask(pairs, start // self.batch + 1)
+            same[start : start + len(pairs)] = self._ask(pairs, start // self.batch + 1)
         yield a[same], b[same]
 
     def describe(self) -> dict:
-        return {**self.candidates.describe(), "matcher": self.name, "model": getattr(self.client.cfg, "model", None),
-                "candidate_threshold": self.candidates.threshold}
+        return {
+            **self.candidates.describe(),
+            "matcher": self.name,
+            "model": getattr(self.client.cfg, "model", None),
+            "candidate_threshold": self.candidates.threshold,
+        }
 
     def _ask(self, pairs: list[tuple[Key, Key]], number: int) -> list[bool]:
         from reflact.calls.protocol import CallError
@@ -72,14 +79,17 @@ class JudgeMatcher:
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n\n".join(lines)}]
         worst = worst_cost(messages, self.max_output_tokens, self.price)
         if not self.spend.reserve(worst, threading.Event()):
-            raise AnalysisUnavailable("analysis: the cost limit optimizer.max_cost_usd leaves no room for the "
-                                      "judge's questions; raise it or use analysis.matcher=embedding")
+            raise AnalysisUnavailable(
+                "analysis: the cost limit optimizer.max_cost_usd leaves no room for the "
+                "judge's questions; raise it or use analysis.matcher=embedding"
+            )
         cost = 0.0
         try:
             reply = self.client.complete(messages, self.max_output_tokens, SCHEMA)
         except CallError as exc:
-            raise AnalysisUnavailable(f"analysis.matcher=judge: a question to the optimizer failed: {exc.cause}") \
-                from None
+            raise AnalysisUnavailable(
+                f"analysis.matcher=judge: a question to the optimizer failed: {exc.cause}"
+            ) from None
         finally:
             self.spend.settle(worst, cost)
         cost = 0.0 if reply.from_cache else reply.usage.cost_usd(self.price)
@@ -101,9 +111,15 @@ class JudgeMatcher:
 
         if self.raw_dir is not None:
             self.raw_dir.mkdir(parents=True, exist_ok=True)
-            write_json(self.raw_dir / f"judge_{number:03d}.json", {
-                "messages": messages, "reply": reply.text, "from_cache": reply.from_cache,
-                "usage": {"prompt": reply.usage.prompt, "completion": reply.usage.completion}})
+            write_json(
+                self.raw_dir / f"judge_{number:03d}.json",
+                {
+                    "messages": messages,
+                    "reply": reply.text,
+                    "from_cache": reply.from_cache,
+                    "usage": {"prompt": reply.usage.prompt, "completion": reply.usage.completion},
+                },
+            )
 
 
 def _verdicts(text: str, n: int) -> list[bool]:
@@ -116,5 +132,5 @@ def _verdicts(text: str, n: int) -> list[bool]:
         same = None
     if isinstance(same, list) and len(same) == n and all(isinstance(v, bool) for v in same):
         return same
-    log.warning("analysis: a judge reply was not %d booleans under \"same\"; its pairs count as different", n)
+    log.warning('analysis: a judge reply was not %d booleans under "same"; its pairs count as different', n)
     return [False] * n

@@ -79,12 +79,16 @@ def item_key(item: object) -> Key | None:
         op = str(item["op"])
         fields = {"append": ("content",), "delete": ("target",)}.get(op, ("target", "content"))
         anchor = normalise(item.get("target")) if len(fields) == 2 else ""
-        return Key(f"edit:{op}", tuple(normalise(item.get(name)) for name in fields), collapse(item.get(fields[-1])),
-                   anchor)
+        return Key(
+            f"edit:{op}", tuple(normalise(item.get(name)) for name in fields), collapse(item.get(fields[-1])), anchor
+        )
     if "instruction" in item or "type" in item:
         title, instruction = collapse(item.get("title")), collapse(item.get("instruction"))
-        return Key(f"suggestion:{item.get('type')}", (normalise(title), normalise(instruction)),
-                   f"{title}: {instruction}" if title else instruction)
+        return Key(
+            f"suggestion:{item.get('type')}",
+            (normalise(title), normalise(instruction)),
+            f"{title}: {instruction}" if title else instruction,
+        )
     if "change_summary" in item or "new_skill" in item:
         summary = item.get("change_summary")
         joined = " ".join(map(str, summary)) if isinstance(summary, list) else summary
@@ -178,8 +182,14 @@ def _block_chunks(keys: list[Key], threshold: float):
         reach = int(np.searchsorted(lengths, lengths[stop - 1] * stretch + 1e-9, side="right"))
         found = None
         for texts in fields:  # cdist leaves every score below the cutoff at 0
-            scores = process.cdist(texts[start:stop], texts[start:reach], scorer=fuzz.ratio, score_cutoff=cutoff,
-                                   dtype=np.float32, workers=-1)
+            scores = process.cdist(
+                texts[start:stop],
+                texts[start:reach],
+                scorer=fuzz.ratio,
+                score_cutoff=cutoff,
+                dtype=np.float32,
+                workers=-1,
+            )
             found = scores > 0 if found is None else found & (scores > 0)
         row, col = np.nonzero(found)
         later = col > row  # the window starts at the chunk's first row: each pair once

@@ -176,6 +176,7 @@ class EndpointWatch:
         return CallError(ABANDONED, retries=retries)
 
 
+# fmt: off
 class OptimizerClient:
     """Calls, with retries, the response cache and the rate limits of `optimizer.*`."""
 
@@ -319,6 +320,7 @@ class OptimizerClient:
         if field not in self._warned:  # once per field: a server that always sends it would flood the log
             self._warned.add(field)
             log.warning("the optimizer's reply: %s %s (token and cost totals may be off)", field, what)
+# fmt: on
 
 
 def endpoint_of(cfg: OptimizerConfig, sdk: object) -> dict:
@@ -342,8 +344,12 @@ def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: dict | None = N
     # local servers usually ignore the key, but the SDK insists on one
     common = {"api_key": key or "not-needed", "timeout": cfg.timeout_s, "max_retries": 0}
     if cfg.provider is Provider.azure:
-        sdk = openai.AsyncAzureOpenAI(azure_endpoint=cfg.azure.endpoint, azure_deployment=cfg.azure.deployment,
-                                      api_version=cfg.azure.api_version, **common)
+        sdk = openai.AsyncAzureOpenAI(
+            azure_endpoint=cfg.azure.endpoint,
+            azure_deployment=cfg.azure.deployment,
+            api_version=cfg.azure.api_version,
+            **common,
+        )
     else:
         sdk = openai.AsyncOpenAI(base_url=cfg.base_url, **common)
     # the SDK imports its chat module on first use, under a lock: done here, workers don't queue on it
@@ -357,8 +363,16 @@ def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: dict | None = N
 
 def is_transient(exc: BaseException) -> bool:
     # a 200 whose body is not a completion is a proxy's page or a torn response: worth another try
-    if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, openai.APIResponseValidationError,
-                        TimeoutError, MalformedReply)):
+    if isinstance(
+        exc,
+        (
+            openai.APITimeoutError,
+            openai.APIConnectionError,
+            openai.APIResponseValidationError,
+            TimeoutError,
+            MalformedReply,
+        ),
+    ):
         return True
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code in (408, 409, 429) or exc.status_code >= 500
@@ -393,8 +407,14 @@ def say_retry(label: str, state: RetryCallState, attempts: int, secret: str) -> 
     exc = state.outcome.exception() if state.outcome else None
     hinted = retry_after_s(exc)
     wait = f"Retry-After {hinted:g} s" if hinted is not None else f"waiting {state.next_action.sleep:.1f} s"
-    log.info("%s: attempt %d/%d after %s (%s)", label or "a request", state.attempt_number + 1, attempts,
-             short_cause(exc, secret), wait)
+    log.info(
+        "%s: attempt %d/%d after %s (%s)",
+        label or "a request",
+        state.attempt_number + 1,
+        attempts,
+        short_cause(exc, secret),
+        wait,
+    )
 
 
 def short_cause(exc: BaseException | None, secret: str = "") -> str:

@@ -45,6 +45,7 @@ from reflact.replies.patches import LAPSES_ONLY
 REPLACED = "_reflact_replaced"
 
 
+# fmt: off
 def run_minibatch_reflect(
     results: list[dict],
     skill_content: str,
@@ -85,6 +86,7 @@ def run_minibatch_reflect(
                    launch_dir=run_dir)
     _count_calls(done)
     return _leave(done.patches, out)
+# fmt: on
 
 
 def _leave(saved: dict[str, dict], patches_dir: Path) -> list[dict]:
@@ -141,8 +143,11 @@ def as_skillopt_leaves(patch: dict) -> dict:
     inner = patch.get("patch")
     empty = isinstance(inner, dict) and len(inner) == 2 and not any(v for k, v in inner.items() if k != "reasoning")
     if patch.get("source_type") == "failure" and empty and inner.get("reasoning") == LAPSES_ONLY:
-        return {"source_type": patch["source_type"], "patch": patch["patch"],
-                "appendix_notes": patch.get("appendix_notes", [])}
+        return {
+            "source_type": patch["source_type"],
+            "patch": patch["patch"],
+            "appendix_notes": patch.get("appendix_notes", []),
+        }
     return patch
 
 
@@ -187,8 +192,10 @@ def _count_calls(done) -> None:
 def step_buffer(step_buffer_context: str, rejection_context: str, trajectory_memory_context: str) -> str:
     """The step-buffer context from its name and its two deprecated aliases, combined as the reference
     combines them for the failure analyst (the alias `trajectory_memory_context` is appended)."""
-    for name, value in (("rejection_context", rejection_context),
-                        ("trajectory_memory_context", trajectory_memory_context)):
+    for name, value in (
+        ("rejection_context", rejection_context),
+        ("trajectory_memory_context", trajectory_memory_context),
+    ):
         if value:
             warnings.warn(f"{name} is deprecated: pass step_buffer_context", DeprecationWarning, stacklevel=3)
     context = step_buffer_context or rejection_context or ""

@@ -337,9 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("input", type=Path, help="the log file to read")
     parser.add_argument("dataset_dir", type=Path, help="the dataset folder to write")
-    parser.add_argument(
-        "--force", action="store_true", help="overwrite a folder that already has a results.jsonl"
-    )
+    parser.add_argument("--force", action="store_true", help="overwrite a folder that already has a results.jsonl")
     return parser
 
 
@@ -351,4 +349,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reflact: warning: {warning}", file=sys.stderr)
     print(summary(imported, args.dataset_dir))
     return 0
-

@@ -129,8 +129,10 @@ def budget_section(mode: Mode, budget: int) -> str:
         line = f"There is no fixed limit on the number of {mode.label}; propose as many as the evidence supports."
     elif budget == 0:
         # L = 0 keeps no item (SPEC 2.6): ask for the analysis alone rather than for work thrown away
-        line = (f"The budget is L=0: propose no {mode.label} and leave 'patch.{mode.payload_key}' empty; "
-                "the rest of the reply, your analysis of the trajectories, is still wanted.")
+        line = (
+            f"The budget is L=0: propose no {mode.label} and leave 'patch.{mode.payload_key}' empty; "
+            "the rest of the reply, your analysis of the trajectories, is still wanted."
+        )
     else:
         line = f"Produce at most L={budget} {mode.label}."
     return f"## {mode.budget_heading}\n{line}"

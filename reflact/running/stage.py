@@ -67,6 +67,7 @@ class Ready:
     fingerprint: str
 
 
+# fmt: off
 class Stage:
     """One run of the reflect stage over a dataset, writing into `run_dir`."""
 
@@ -208,3 +209,4 @@ class Stage:
             "n_proposed": merged.proposed,
             "fingerprint": ready.fingerprint,
         }
+# fmt: on

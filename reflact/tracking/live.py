@@ -83,14 +83,16 @@ class LiveRun:
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode("utf-8")).hexdigest()
 
     def _up_to_date(self, record: dict) -> bool:
-        return (record.get("tracking_uri") == self.uri and record.get("status") == "FINISHED"
-                and record.get("digest") == self.digest())
+        return (
+            record.get("tracking_uri") == self.uri
+            and record.get("status") == "FINISHED"
+            and record.get("digest") == self.digest()
+        )
 
     def _start(self, delay_s: float) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._work, args=(delay_s,), name="reflact-mlflow",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._work, args=(delay_s,), name="reflact-mlflow", daemon=True)
                 self._thread.start()
 
     def _work(self, delay_s: float) -> None:
@@ -137,15 +139,22 @@ class LiveRun:
         try:
             writer = writer or self._open()
             writer.end(end.summary, end.status)
-            self.context.run_dir.write_mlflow_record({"run_id": self.run_id, "tracking_uri": self.uri,
-                                                      "status": end.status, "digest": self.digest()})
+            self.context.run_dir.write_mlflow_record(
+                {"run_id": self.run_id, "tracking_uri": self.uri, "status": end.status, "digest": self.digest()}
+            )
         except Exception as exc:  # tracking must never cost the run
             self._warn(exc)
 
     def _warn(self, exc: BaseException) -> None:
         run_dir = self.context.run_dir.root
-        log.warning("MLflow logging to %s failed (%s); the run goes on and its outputs are complete in %s. Log "
-                    "them later with: python -m reflact.relog %s", self.uri, one_line(exc), run_dir, run_dir)
+        log.warning(
+            "MLflow logging to %s failed (%s); the run goes on and its outputs are complete in %s. Log "
+            "them later with: python -m reflact.relog %s",
+            self.uri,
+            one_line(exc),
+            run_dir,
+            run_dir,
+        )
 
 
 def _drain(events: queue.SimpleQueue) -> list:

@@ -35,8 +35,14 @@ SERIES_TOKENS = ("prompt", "completion")
 # what a dry run only estimates, logged under names of their own
 ESTIMATED = ("cost_usd", "tokens_prompt", "tokens_completion", "tokens_cached", "tokens_reasoning")
 # run metrics from the run's analysis.json (reflact.analysis.figures), when it has them
-ANALYSIS_METRICS = ("agreement", "redundancy", "distinct_edits", "distinct_edits_per_usd", "analysis_tokens",
-                    "analysis_cost_usd")
+ANALYSIS_METRICS = (
+    "agreement",
+    "redundancy",
+    "distinct_edits",
+    "distinct_edits_per_usd",
+    "analysis_tokens",
+    "analysis_cost_usd",
+)
 
 
 def default_tracking_uri(launch_dir: Path) -> str:
@@ -121,8 +127,9 @@ def _user() -> str:
 def git_commit(folder: Path) -> str | None:
     """The commit checked out where the run was launched, when that is a git checkout."""
     try:
-        done = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=5)
+        done = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
@@ -147,6 +154,7 @@ def prompt_name(group: str, mode: str, skill_aware: bool, overridden: bool, prov
     return name + (".custom" if overridden else "")
 
 
+# fmt: off
 class Store:
     """One MLflow tracking store, and the run being written to it. Every method may raise: the
     callers (live tracking, relog) turn a failure into a warning and the run dir stays complete."""
@@ -278,6 +286,7 @@ class Store:
 
     def end(self, status: str, end_ms: int) -> None:
         self.client.set_terminated(self.run_id, status, end_time=end_ms)
+# fmt: on
 
 
 def mlflow_defaults() -> None:
@@ -329,8 +338,9 @@ def experiment_id(client, name: str, uri: str, launch_dir: Path) -> str:
     # a local sqlite store keeps its artifacts beside it under outputs/, not in ./mlruns
     location = (launch_dir / "outputs" / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") else None
     try:  # the UI then opens on its runs table (model development), not on its GenAI views
-        return client.create_experiment(name, artifact_location=location,
-                                        tags={"mlflow.experimentKind": "custom_model_development"})
+        return client.create_experiment(
+            name, artifact_location=location, tags={"mlflow.experimentKind": "custom_model_development"}
+        )
     except Exception:  # created meanwhile by a parallel job of the same sweep: use that one
         found = client.get_experiment_by_name(name)
         if found is None:
