@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from reflact.analysis.figures import Run, analyse, load_run, seed_agreement, seed_by_cell, seed_metrics
@@ -245,7 +246,7 @@ def analyze(
     threshold: float | None,
     to_mlflow: bool,
     matcher: str | None = None,
-    overrides: list[str] = (),
+    overrides: Sequence[str] = (),
 ) -> tuple[list[Path], bool]:
     """The command, from Python: (the report's files, whether everything asked was logged)."""
     from reflact.analysis.matchers import matcher_for

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from reflact.config import ReflactConfig
 from reflact.imports import one_at_a_time
@@ -131,7 +132,7 @@ def with_overrides(cfg: ReflactConfig, overrides: Sequence[str]) -> ReflactConfi
                 "(for config groups such as optimizer=... pass overrides without a config)"
             )
     merged = OmegaConf.merge(_structured(cfg), OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
-    return OmegaConf.to_object(merged)
+    return cast(ReflactConfig, OmegaConf.to_object(merged))
 
 
 def write_inputs(cfg: ReflactConfig, folder: Path, results, skill, conversations, predictions) -> None:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from reflact.errors import UserError
@@ -308,7 +308,7 @@ def typed(dict_cfg) -> ReflactConfig:
 
     # merging into the schema also rejects keys added with `+`, which Hydra lets through
     merged = OmegaConf.merge(OmegaConf.structured(ReflactConfig), OmegaConf.to_container(dict_cfg))
-    return OmegaConf.to_object(merged)
+    return cast(ReflactConfig, OmegaConf.to_object(merged))
 
 
 def params(cfg: ReflactConfig) -> dict[str, str]:
@@ -317,7 +317,7 @@ def params(cfg: ReflactConfig) -> dict[str, str]:
     with one_at_a_time():
         from omegaconf import OmegaConf
 
-    tree = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    tree = cast(dict, OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True))
     if cfg.optimizer.provider is not Provider.azure:
         del tree["optimizer"]["azure"]
     tree["optimizer"]["prices"] = {m: p for m, p in tree["optimizer"]["prices"].items() if m == cfg.optimizer.model}
@@ -432,7 +432,7 @@ def _check_optimized_metric(name: str | None, reflect: ReflectConfig) -> None:
         raise UserError(f"optimized_metric: {name} is counted with reflect.provenance=true only")
 
 
-def check_threshold(value: object, key: str) -> float:
+def check_threshold(value: Any, key: str) -> float:
     """A similarity threshold: a number in (0, 1]."""
     _number(value, key, high=1, above=0)
     return float(value)
@@ -631,12 +631,14 @@ def _shown(text: str, limit: int = 60) -> str:
 def dataset_paths(data: DataConfig) -> tuple[Path, Path, Path]:
     """(skill, results, predictions), explicit paths winning over those inside data.dir."""
     base = Path(data.dir) if data.dir else None
-    skill = Path(data.skill) if data.skill else base / "skill.md"
+    # None only when data.skill and data.results are both given (_check_data)
+    inside = cast(Path, base)
+    skill = Path(data.skill) if data.skill else inside / "skill.md"
     if data.results:
         results = Path(data.results)
     else:
-        jsonl = base / "results.jsonl"
-        results = jsonl if jsonl.exists() or not (base / "results.json").exists() else base / "results.json"
+        jsonl = inside / "results.jsonl"
+        results = jsonl if jsonl.exists() or not (inside / "results.json").exists() else inside / "results.json"
     if data.predictions:
         predictions = Path(data.predictions)
     else:
@@ -644,7 +646,7 @@ def dataset_paths(data: DataConfig) -> tuple[Path, Path, Path]:
     return skill, results, predictions
 
 
-def _price(model: str, value: object) -> Price:
+def _price(model: str, value: Any) -> Price:
     if isinstance(value, Price):
         value = {"input": value.input, "cached_input": value.cached_input, "output": value.output}
     try:

@@ -17,7 +17,7 @@ NEEDS_CONTENT = ("append", "insert_after", "replace")  # ops that write text
 class Edit(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    op: Literal[EDIT_OPS]  # the tuple subscripts as its members
+    op: Literal[EDIT_OPS]  # type: ignore[valid-type]  # the tuple subscripts as its members (pydantic reads them)
     target: str | None = None
     content: str | None = None
 
@@ -139,7 +139,8 @@ def with_support(item: type[BaseModel]) -> type[BaseModel]:
         list[Annotated[int, Field(ge=1)]],
         Field(description="the numbers i of the headings 'Trajectory i of N' this item stands on"),
     )
-    return create_model(f"{item.__name__}WithSupport", __base__=item, **{SUPPORT_FIELD: positions})
+    # pydantic types the fields by keyword, not through a ** mapping
+    return create_model(f"{item.__name__}WithSupport", __base__=item, **{SUPPORT_FIELD: positions})  # type: ignore[call-overload]
 
 
 def reply_schema(mode: Mode, group: str, notes_allowed: bool, provenance: bool = False) -> dict:

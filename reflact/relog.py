@@ -77,8 +77,8 @@ def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: di
         dataset,
         system,
         tuple(hc.overrides.task) if hc is not None else (),
-        (launch_dir / str(hc.sweep.dir)).resolve() if multirun else None,
-        int(hc.job.num) if multirun else None,
+        (launch_dir / str(hc.sweep.dir)).resolve() if hc is not None and multirun else None,
+        int(hc.job.num) if hc is not None and multirun else None,
         summary["settings"].get("template_hashes"),
     )
 

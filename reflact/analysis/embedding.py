@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from reflact.analysis.guards import passing
 from reflact.analysis.matching import Key, blocks_of
@@ -52,12 +53,12 @@ class Spent:
 class Embedder:
     """Unit vectors for texts from one endpoint and model."""
 
-    sdk: object  # openai.OpenAI
+    sdk: Any  # openai.OpenAI
     model: str
     endpoint: dict  # which server answers: part of the cache key
     cache: ResponseCache | None
     price: Price | None
-    spend: object  # reflact.running.ask.Spend: the cap shared with the judge
+    spend: Any  # reflact.running.ask.Spend: the cap shared with the judge
     retry: RetryConfig
     batch: int = 64
     secret: str = ""
@@ -164,13 +165,13 @@ class EmbeddingMatcher:
 
         present = [i for i, key in enumerate(keys) if key is not None]
         row = {index: n for n, index in enumerate(present)}
-        vectors = self.embedder.vectors([keys[i].meaning for i in present])
+        vectors = self.embedder.vectors([key.meaning for key in keys if key is not None])
         for members in blocks_of(keys):
             positions = np.asarray(members)
             block = vectors[[row[i] for i in members]]
             for a, b in _similar(block, self.threshold):
                 if self.guards:
-                    keep = passing([keys[i] for i in members], self.guards, a, b)
+                    keep = passing(cast("list[Key]", [keys[i] for i in members]), self.guards, a, b)
                     a, b = a[keep], b[keep]
                 yield positions[a], positions[b]
 

@@ -24,6 +24,7 @@ import logging
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from reflact.analysis.matching import Key, Lexical, item_key, match
 from reflact.config import AnalysisConfig
@@ -168,7 +169,7 @@ def _agreement(run: Run, agreeing: list[bool]) -> dict:
     for item, agrees in zip(run.items, agreeing, strict=True):
         counts[(item.group, item.index)][0] += 1
         counts[(item.group, item.index)][1] += agrees
-    records = []
+    records: list[dict[str, Any]] = []
     for (group, index), draws in sorted(run.draws.items(), key=lambda kv: (kv[0][0] != "failure", kv[0][1])):
         if draws >= 2:
             edits, agree = counts[(group, index)]

@@ -14,6 +14,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from reflact.analysis.embedding import AnalysisUnavailable, EmbeddingMatcher, Spent
 from reflact.analysis.matching import Key
@@ -40,9 +41,9 @@ SCHEMA = {
 @dataclass
 class JudgeMatcher:
     candidates: EmbeddingMatcher
-    client: object  # reflact.calls.client.OptimizerClient
+    client: Any  # reflact.calls.client.OptimizerClient
     price: Price | None
-    spend: object  # reflact.running.ask.Spend, shared with the embeddings
+    spend: Any  # reflact.running.ask.Spend, shared with the embeddings
     batch: int
     max_output_tokens: int
     raw_dir: Path | None

@@ -4,6 +4,7 @@ call), embedding (reflact.analysis.embedding) or judge (reflact.analysis.judge),
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +41,7 @@ class Chosen:
 
 # fmt: off
 def matcher_for(cfg: ReflactConfig, launch_dir: Path, spent_usd: float = 0.0, raw_dir: Path | None = None,
-                threshold: float | None = None, environ: dict | None = None) -> Chosen:
+                threshold: float | None = None, environ: Mapping[str, str] | None = None) -> Chosen:
     """The configured matcher; `spent_usd`: what the invocation already spent against the cap;
     `threshold` (the --threshold of reflact.analyze) replaces the matcher's own."""
     a = cfg.analysis
@@ -69,7 +70,7 @@ def matcher_for(cfg: ReflactConfig, launch_dir: Path, spent_usd: float = 0.0, ra
 # fmt: on
 
 
-def _embedder(cfg: ReflactConfig, launch_dir: Path, spend, environ: dict | None) -> tuple[Embedder, list]:
+def _embedder(cfg: ReflactConfig, launch_dir: Path, spend, environ: Mapping[str, str] | None) -> tuple[Embedder, list]:
     from reflact.calls.cache import ResponseCache
 
     e, o = cfg.analysis.embedding, cfg.optimizer

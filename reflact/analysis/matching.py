@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from reflact.imports import one_at_a_time
 
@@ -161,7 +161,7 @@ def match_chunks(keys: list[Key | None], threshold: float):
 
     for members in blocks_of(keys):
         positions = np.asarray(members)
-        for a, b in _block_chunks([keys[i] for i in members], threshold):
+        for a, b in _block_chunks(cast("list[Key]", [keys[i] for i in members]), threshold):
             yield positions[a], positions[b]
 
 
@@ -180,7 +180,7 @@ def _block_chunks(keys: list[Key], threshold: float):
     for start in range(0, len(keys), rows):
         stop = min(start + rows, len(keys))
         reach = int(np.searchsorted(lengths, lengths[stop - 1] * stretch + 1e-9, side="right"))
-        found = None
+        found: Any = None  # the scores' mask, once the first field is scored
         for texts in fields:  # cdist leaves every score below the cutoff at 0
             scores = process.cdist(
                 texts[start:stop],

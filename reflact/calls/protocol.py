@@ -66,7 +66,9 @@ class CallError(Exception):
 
 
 class Optimizer(Protocol):
-    fault: str  # "" until the endpoint is judged unusable; then why, and what to check
+    @property
+    def fault(self) -> str:  # "" until the endpoint is judged unusable; then why, and what to check
+        ...
 
     def complete(
         self,

@@ -142,7 +142,12 @@ def as_skillopt_leaves(patch: dict) -> dict:
     and no failure patterns, so the step buffer counts them as SkillOpt's would."""
     inner = patch.get("patch")
     empty = isinstance(inner, dict) and len(inner) == 2 and not any(v for k, v in inner.items() if k != "reasoning")
-    if patch.get("source_type") == "failure" and empty and inner.get("reasoning") == LAPSES_ONLY:
+    if (
+        patch.get("source_type") == "failure"
+        and empty
+        and isinstance(inner, dict)
+        and inner.get("reasoning") == LAPSES_ONLY
+    ):
         return {
             "source_type": patch["source_type"],
             "patch": patch["patch"],
@@ -169,7 +174,7 @@ def _skill_aware(cfg: ReflactConfig, enabled: bool | None, appendix_source: str 
     if enabled is not None:
         cfg.reflect.skill_aware.enabled = enabled
     if appendix_source is not None:
-        cfg.reflect.skill_aware.appendix_source = appendix_source
+        cfg.reflect.skill_aware.appendix_source = appendix_source  # type: ignore[assignment]  # SkillOpt's string, stored as given
 
 
 def _count_calls(done) -> None:

@@ -11,6 +11,7 @@ are never copied: reflact is told the name of the variable SkillOpt keeps the ke
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from reflact.errors import UserError
 from reflact.imports import one_at_a_time
@@ -21,7 +22,7 @@ KEY_MODES = ("api_key", "key")
 KEY_VARIABLES = ("OPTIMIZER_AZURE_OPENAI_API_KEY", "AZURE_OPENAI_OPTIMIZER_API_KEY", "AZURE_OPENAI_API_KEY")
 
 
-def endpoint_overrides(environ: dict | None = None) -> list[str]:
+def endpoint_overrides(environ: Mapping[str, str] | None = None) -> list[str]:
     """The optimizer settings as overrides: OPENAI_BASE_URL wins when set (it names a server);
     otherwise the endpoint SkillOpt's optimizer backend is configured with; with neither, reflact's
     default (OpenAI, OPENAI_API_KEY). The model is SkillOpt's optimizer deployment in every case."""

@@ -18,7 +18,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, cast
 
 from reflact.config import DataConfig, OnBadConversation, dataset_paths
 from reflact.errors import UserError
@@ -70,7 +70,7 @@ class RowFile:
             handle.seek(offset)
             raw = handle.read(length)
         try:
-            return decode_json(raw.decode("utf-8"))
+            return cast(dict, decode_json(raw.decode("utf-8")))  # a row: checked an object when first read
         except (UnicodeDecodeError, BadJSON):
             raise UserError(f"{self.path}: changed since it was checked; run again") from None
 
@@ -87,7 +87,10 @@ class Result:
     @property
     def fields(self) -> dict:
         """The whole row: the prompt's task, reason, steps and extras."""
-        return self.held if self.held is not None else self.source.read(self.offset, self.length)
+        if self.held is not None:
+            return self.held
+        assert self.source is not None  # a row not held is read back from its file
+        return self.source.read(self.offset, self.length)
 
 
 @dataclass
@@ -461,7 +464,7 @@ def load_trajectory(dataset: Dataset, result: Result) -> Trajectory:
     except ValueError as exc:  # it was checked before the first call: it changed since
         raise UserError(str(exc)) from None
     fields = result.fields
-    extras = {"reference_text": fields.get("reference_text")}
+    extras: dict[str, Any] = {"reference_text": fields.get("reference_text")}
     for key in EXTRA_FILES:
         value = fields.get(key)
         if not value:

@@ -132,7 +132,7 @@ def _calls(message: dict, where: str) -> list[tuple[object, str]]:
     calls = message.get("tool_calls") or []
     if not isinstance(calls, list):
         raise UserError(f"{where}: 'tool_calls' must be a list")
-    found = []
+    found: list[tuple[object, str]] = []
     for number, call in enumerate(calls, 1):
         if not isinstance(call, dict):
             raise UserError(f"{where}, tool call {number}: expected an object")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, cast
 
 from pydantic import ValidationError
 
@@ -94,7 +96,9 @@ def _checked_patch(obj: dict, mode: Mode, budget: int) -> CheckedReply:
         kept = cut(items, budget)
     for index, item in enumerate(kept):
         _check_item(item, index, mode)
-    return CheckedReply(obj={**obj, "patch": {**patch, mode.payload_key: kept}}, proposed=len(items), kept=len(kept))
+    return CheckedReply(
+        obj={**obj, "patch": {**cast(dict, patch), mode.payload_key: kept}}, proposed=len(items), kept=len(kept)
+    )
 
 
 def _notes_only(obj: dict, mode: Mode, why: str) -> CheckedReply:
@@ -132,7 +136,7 @@ def _check_item(item: object, index: int, mode: Mode) -> None:
         raise ReplyError(f"{where}: {problems}") from None
 
 
-def _describe(err: dict) -> str:
+def _describe(err: Mapping[str, Any]) -> str:
     field = ".".join(str(part) for part in err.get("loc", ()))
     message = err.get("msg", "invalid").removeprefix("Value error, ")
     return f"{field}: {message}" if field else message

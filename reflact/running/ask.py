@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from reflact.calls.protocol import CallError, Optimizer, Reply
@@ -99,11 +99,11 @@ class Asker:
 
     # fmt: off
     def ask(self, tag: str, group: str, messages: list[dict], numbered_after: int,
-            keep: Callable[[int, Reply], None], ids: list[str] = (), sample: int | None = None) -> Asked:
+            keep: Callable[[int, Reply], None], ids: Sequence[str] = (), sample: int | None = None) -> Asked:
         """Requests until a reply is usable; `keep(number, reply)` records each reply as it comes.
         Requests are numbered on from `numbered_after` (the earlier parts' requests). `ids`: the
         trajectories shown, in order (for provenance); `sample`: the draw's sample index, or None."""
-        tally, conversation, replies = Tally(), list(messages), []
+        tally, conversation, replies = Tally(), list(messages), list[Reply]()
         allowance, parse = self.allowance, ""
         started = time.monotonic()
         try:

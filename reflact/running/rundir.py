@@ -28,6 +28,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import asdict, fields
 from pathlib import Path
+from typing import TypeGuard
 
 from pydantic import ValidationError
 
@@ -247,7 +248,7 @@ def _amount(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
 
 
-def _patch_ok(saved: object) -> bool:
+def _patch_ok(saved: object) -> TypeGuard[dict]:
     """What every saved patch has, whatever the mode: its fingerprint, count and patch object."""
     return (
         isinstance(saved, dict)
@@ -270,7 +271,7 @@ def _kept_items_ok(items: object, payload_key: str) -> bool:
     return True
 
 
-def _outcome_ok(saved: object) -> bool:
+def _outcome_ok(saved: object) -> TypeGuard[dict]:
     """Figures a resumed patch takes over: absent ones count as zero, damaged ones void the record."""
     if not isinstance(saved, dict):
         return False

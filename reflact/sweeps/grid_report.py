@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 from pathlib import Path
+from typing import Any
 
 from reflact.errors import UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
@@ -107,7 +108,7 @@ def grid_rows(runs) -> list[dict]:
 
 
 def _cell_row(mode: str, M: int, L: int, group, fullest: int) -> dict:
-    done = group[group["done"]] if group is not None else None
+    done: Any = group[group["done"]] if group is not None else None
     n_done, n_jobs = (0, 0) if group is None else (len(done), len(group))
     # the seed agreement is one figure per cell, filled in from the run dirs (add_seed_agreement)
     row = {

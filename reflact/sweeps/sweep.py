@@ -107,6 +107,7 @@ class MlflowSweep(Callback):
                 log.warning("could not end the sweep's MLflow parent run %s: %s", store.run_id, exc)
 
     def _end(self, status: str) -> None:
+        assert self._open is not None  # called only while the parent is open
         store, _ = self._open
         self._open = None
         store.end(status, _now_ms())
@@ -190,7 +191,7 @@ def status_of_children(store, sweep: SweepDir, failed: bool) -> str:
 
     runs = sweep_runs(store.client, sweep.parent_record().get("sweep_id", ""))
     statuses = list(runs["status"]) if "status" in runs else []
-    metrics = {
+    metrics: dict[str, float] = {
         "jobs": len(statuses),
         **{f"jobs_{s.lower()}": statuses.count(s) for s in ("FINISHED", "FAILED", "KILLED")},
     }
@@ -212,7 +213,7 @@ def status_of_children(store, sweep: SweepDir, failed: bool) -> str:
 def _typed(config: DictConfig):
     from reflact.config import from_hydra
 
-    job_config = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+    job_config = OmegaConf.masked_copy(config, [str(k) for k in config if k != "hydra"])
     return from_hydra(job_config)[0]
 
 

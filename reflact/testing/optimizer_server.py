@@ -28,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 
 @dataclass
@@ -227,7 +228,7 @@ def default_reply(request: dict, reword: bool = False) -> dict:
             named = {1 + i % len(ids), 1 + (i * 3) % len(ids)} if ids else set()
             item["supporting_trajectories"] = [] if i == 0 else sorted(named)
     summary_key = "failure_summary" if group_failure else "success_patterns"
-    summary = {"pattern": "p", "trajectories": ids}
+    summary: dict[str, Any] = {"pattern": "p", "trajectories": ids}
     if group_failure:  # as the failure templates ask for it
         summary = {
             "failure_type": "p",
@@ -294,7 +295,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         if response.trickle_s and response.trickle_headers:
             # the handler buffers the status line and headers until end_headers: send them slowly
-            head, self._headers_buffer = b"".join(self._headers_buffer) + b"\r\n", []
+            head, self._headers_buffer = b"".join(self._headers_buffer) + b"\r\n", []  # type: ignore[has-type,var-annotated]  # private in http.server, untyped
             self._trickle(head + data, response.trickle_s)
         elif response.trickle_s:
             self.end_headers()

@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 from reflact.imports import one_at_a_time
 from reflact.running.events import CallStarted, MinibatchEnded, Replied
@@ -74,6 +75,7 @@ class LiveRun:
             return record["run_id"]
         self._start(0.0)
         self._queue.put(_End(summary, status))
+        assert self._thread is not None  # _start made it
         self._thread.join()
         return self.run_id
 
@@ -109,7 +111,7 @@ class LiveRun:
                         self._end(writer, end)
                         return
 
-    def _write(self, writer: Mirror | None, events: list) -> Mirror | None:
+    def _write(self, writer: Mirror | Literal[False] | None, events: list) -> Mirror | Literal[False]:
         """Writes a batch of events; after a failure, events are dropped (the run dir has them)."""
         if writer is False:
             return writer
@@ -130,7 +132,7 @@ class LiveRun:
         c.run_dir.write_mlflow_record({"run_id": self.run_id, "tracking_uri": self.uri, "status": "RUNNING"})
         return writer
 
-    def _end(self, writer: Mirror | None, end: _End) -> None:
+    def _end(self, writer: Mirror | Literal[False] | None, end: _End) -> None:
         if writer is False:  # the run, if created, still gets its true end when the store allows it
             if self._mirror is not None and self._mirror.store.run_id:
                 with contextlib.suppress(Exception):

@@ -62,7 +62,7 @@ def run_name(cfg: ReflactConfig, job: int | None = None) -> str:
     return name + (" dry run" if cfg.optimizer.dry_run else "")
 
 
-def setting_metrics(cfg: ReflactConfig) -> dict[str, float]:
+def setting_metrics(cfg: ReflactConfig) -> dict[str, int]:
     """M, L, seed and mode as metrics too, so charts and the compare view can use them as axes."""
     r = cfg.reflect
     metrics = {"M": r.minibatch_size, "L": r.edit_budget, "seed": r.seed, "mode": get_mode(r.update_mode).number}
