@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from reflact.analysis.figures import Run, analyse, load_run, seed_agreement, seed_by_cell, seed_metrics
@@ -63,8 +64,10 @@ def pick_threshold(given: float | None, runs: list[Run], matcher: str = "lexical
         return check_threshold(given, "--threshold")
     found = sorted({run.threshold for run in runs if run.threshold is not None and run.matcher == matcher})
     if len(found) > 1:
-        raise UserError(f"the runs were analysed with different match thresholds ({', '.join(map(str, found))}); "
-                        "choose one with --threshold")
+        raise UserError(
+            f"the runs were analysed with different match thresholds ({', '.join(map(str, found))}); "
+            "choose one with --threshold"
+        )
     return found[0] if found else (AnalysisConfig().match_threshold if matcher == "lexical" else None)
 
 
@@ -102,13 +105,18 @@ def figures(runs: list[Run], matcher) -> dict:
     for run in runs:
         result = analyse(run, matcher)
         result.pop("near_duplicates")  # in each run's own analysis
-        per_run.append({"run_dir": str(run.path), **run.label(), "seed": run.seed,
-                        "support_share": run.support_share, **result})
+        per_run.append(
+            {"run_dir": str(run.path), **run.label(), "seed": run.seed, "support_share": run.support_share, **result}
+        )
     cells = seed_agreement(runs, matcher)
     by_cell = seed_by_cell(cells)
     described = matcher.describe()
-    return {**described, "runs": per_run, "cells": cells, "metrics": {
-        **seed_metrics(by_cell), **_means(per_run), "analysis_threshold": described["threshold"]}}
+    return {
+        **described,
+        "runs": per_run,
+        "cells": cells,
+        "metrics": {**seed_metrics(by_cell), **_means(per_run), "analysis_threshold": described["threshold"]},
+    }
 
 
 def _means(per_run: list[dict]) -> dict[str, float]:
@@ -121,16 +129,25 @@ def _means(per_run: list[dict]) -> dict[str, float]:
 
 
 def markdown(result: dict) -> str:
-    lines = ["# Agreement and redundancy", "", f"Matcher {result.get('matcher', 'lexical')}, threshold "
-             f"{result['threshold']} ({result.get('matching', '')}).", "", "## Runs", ""]
+    lines = [
+        "# Agreement and redundancy",
+        "",
+        f"Matcher {result.get('matcher', 'lexical')}, threshold {result['threshold']} ({result.get('matching', '')}).",
+        "",
+        "## Runs",
+        "",
+    ]
     head = ["run", "mode", "M", "L", "seed", "k", *SHOWN, "support_share"]
     lines += _table(head, [[_short(r["run_dir"]), *(r[k] for k in head[1:])] for r in result["runs"]])
     lines += ["", "## Across seeds", "", "Runs whose settings differ only in the seed form a cell.", ""]
     head = ["mode", "M", "L", "k", "seeds", "runs", "edits", "recurring", "seed_agreement"]
     lines += _table(head, [[c[k] for k in head] for c in result["cells"]])
-    lines += ["", "agreement: share of a minibatch's items that another of its draws repeats (k >= 2); "
-              "redundancy: share of items that another minibatch of the same group repeats; seed_agreement: "
-              "share of a cell's items that a run with another seed repeats; – where not defined."]
+    lines += [
+        "",
+        "agreement: share of a minibatch's items that another of its draws repeats (k >= 2); "
+        "redundancy: share of items that another minibatch of the same group repeats; seed_agreement: "
+        "share of a cell's items that a run with another seed repeats; – where not defined.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -149,7 +166,7 @@ def _cell(value: object) -> str:
 
 def _short(path: str, limit: int = 48) -> str:
     name = Path(path).name
-    return name if len(name) <= limit else "…" + name[-(limit - 1):]
+    return name if len(name) <= limit else "…" + name[-(limit - 1) :]
 
 
 def picture(result: dict, path: Path) -> Path:
@@ -165,16 +182,20 @@ def picture(result: dict, path: Path) -> Path:
     names = [f"{c['mode']} M{c['M']} L{c['L']}" + (f" k{c['k']}" if c["k"] != 1 else "") for c in cells]
     series = {"redundancy": [], "agreement": [], "seed_agreement": [c["seed_agreement"] for c in cells]}
     for c in cells:
-        members = [r for r in result["runs"] if (r["update_mode"], r["M"], r["L"], r["k"]) ==
-                   (c["update_mode"], c["M"], c["L"], c["k"])]
+        members = [
+            r
+            for r in result["runs"]
+            if (r["update_mode"], r["M"], r["L"], r["k"]) == (c["update_mode"], c["M"], c["L"], c["k"])
+        ]
         for key in ("redundancy", "agreement"):
             values = [r[key] for r in members if r[key] is not None]
             series[key].append(sum(values) / len(values) if values else None)
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cells) + 2), 4.5))
     width = 0.8 / len(series)
     for n, (key, values) in enumerate(series.items()):
-        ax.bar([i + n * width for i in range(len(cells))], [v if v is not None else 0 for v in values], width,
-               label=key)
+        ax.bar(
+            [i + n * width for i in range(len(cells))], [v if v is not None else 0 for v in values], width, label=key
+        )
     ax.set_xticks([i + width for i in range(len(cells))], names, rotation=20, ha="right")
     ax.set_ylim(0, 1)
     ax.set_ylabel("share of kept items")
@@ -213,27 +234,35 @@ def log_to_parents(sweeps: list[SweepDir], metrics: dict[str, float], paths: lis
             for path in paths:
                 client.log_artifact(record["run_id"], str(path), "analysis")
             log.info("logged to the MLflow parent run %s of %s", record["run_id"], sweep.root)
-        except Exception as exc:  # noqa: BLE001 - the store's failure, in one line; the report is on disk
+        except Exception as exc:  # the store's failure, in one line; the report is on disk
             log.warning("MLflow logging to %s failed: %s", record["tracking_uri"], one_line(exc))
             ok = False
     return ok
 
 
-def analyze(paths: list[Path], out: Path | None, threshold: float | None, to_mlflow: bool,
-            matcher: str | None = None, overrides: list[str] = ()) -> tuple[list[Path], bool]:
+def analyze(
+    paths: list[Path],
+    out: Path | None,
+    threshold: float | None,
+    to_mlflow: bool,
+    matcher: str | None = None,
+    overrides: Sequence[str] = (),
+) -> tuple[list[Path], bool]:
     """The command, from Python: (the report's files, whether everything asked was logged)."""
     from reflact.analysis.matchers import matcher_for
 
     run_dirs, sweeps = resolve(paths)
     if to_mlflow and not any(s.parent_record().get("run_id") for s in sweeps):
-        raise UserError("--log: none of the given dirs belongs to a sweep with an MLflow parent run "
-                        "(mlflow_parent.json)")
+        raise UserError(
+            "--log: none of the given dirs belongs to a sweep with an MLflow parent run (mlflow_parent.json)"
+        )
     cfg = settings(run_dirs, matcher, list(overrides))
     runs = [load_run(path) for path in run_dirs]
     if out is None:
         out = sweeps[0].report if len(sweeps) == 1 and all(SweepDir(p).is_sweep() for p in paths) else Path("analysis")
-    chosen = matcher_for(cfg, Path.cwd(), 0.0, out / "judge",
-                         pick_threshold(threshold, runs, cfg.analysis.matcher.value))
+    chosen = matcher_for(
+        cfg, Path.cwd(), 0.0, out / "judge", pick_threshold(threshold, runs, cfg.analysis.matcher.value)
+    )
     try:
         result = figures(runs, chosen.matcher)
     finally:
@@ -249,13 +278,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Agreement, redundancy and seed agreement of finished runs.")
     parser.add_argument("dirs", type=Path, nargs="+", metavar="RUN_OR_SWEEP_DIR")
     parser.add_argument("--out", type=Path, default=None, help="folder for the report")
-    parser.add_argument("--threshold", type=float, default=None,
-                        help="match threshold in (0, 1] (default: the runs' own, else the matcher's default)")
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="match threshold in (0, 1] (default: the runs' own, else the matcher's default)",
+    )
     parser.add_argument("--log", action="store_true", help="log the figures to the sweeps' MLflow parent runs")
-    parser.add_argument("--matcher", choices=[m.value for m in Matcher], default=None,
-                        help="lexical, embedding or judge (default: the runs' own analysis.matcher)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                        help="an analysis.* or optimizer.* setting, e.g. analysis.embedding.base_url=URL (repeatable)")
+    parser.add_argument(
+        "--matcher",
+        choices=[m.value for m in Matcher],
+        default=None,
+        help="lexical, embedding or judge (default: the runs' own analysis.matcher)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="overrides",
+        help="an analysis.* or optimizer.* setting, e.g. analysis.embedding.base_url=URL (repeatable)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     written, logged = analyze(args.dirs, args.out, args.threshold, args.log, args.matcher, args.overrides)

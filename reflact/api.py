@@ -18,9 +18,10 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import cast
 
 from reflact.config import ReflactConfig
 from reflact.imports import one_at_a_time
@@ -95,8 +96,9 @@ def run(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch) -> Re
     rd = RunDir(run_dir)
     saved = {mb["tag"]: rd.patch(mb["tag"]) for mb in result.summary["minibatches"] if mb["status"] in WITH_PATCH}
     patches = {tag: patch for tag, patch in saved.items() if patch is not None}
-    return Reflection(patches, result.summary, result.status, result.reason, Path(run_dir), result.mlflow_run_id,
-                      result.analysis)
+    return Reflection(
+        patches, result.summary, result.status, result.reason, Path(run_dir), result.mlflow_run_id, result.analysis
+    )
 
 
 def compose(overrides: Sequence[str] = ()) -> ReflactConfig:
@@ -125,10 +127,12 @@ def with_overrides(cfg: ReflactConfig, overrides: Sequence[str]) -> ReflactConfi
     for override in overrides:
         key = override.split("=", 1)[0]
         if "=" not in override or "." not in key.lstrip("+"):
-            raise UserError(f"overrides: {override!r}: with a config object only key=value settings apply "
-                            "(for config groups such as optimizer=... pass overrides without a config)")
+            raise UserError(
+                f"overrides: {override!r}: with a config object only key=value settings apply "
+                "(for config groups such as optimizer=... pass overrides without a config)"
+            )
     merged = OmegaConf.merge(_structured(cfg), OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
-    return OmegaConf.to_object(merged)
+    return cast(ReflactConfig, OmegaConf.to_object(merged))
 
 
 def write_inputs(cfg: ReflactConfig, folder: Path, results, skill, conversations, predictions) -> None:
@@ -137,8 +141,9 @@ def write_inputs(cfg: ReflactConfig, folder: Path, results, skill, conversations
     from reflact.files import write_json, write_text
 
     if results is None or skill is None or (conversations is None and predictions is None):
-        raise UserError("reflect(): give results, skill and conversations (or a predictions folder), or a dataset "
-                        "folder as `data`")
+        raise UserError(
+            "reflect(): give results, skill and conversations (or a predictions folder), or a dataset folder as `data`"
+        )
     rows = list(results)
     write_text(folder / "skill.md", skill)
     write_text(folder / "results.jsonl", "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, cast
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from reflact.errors import UserError
@@ -22,8 +22,24 @@ from reflact.modes import get_mode, normalize_mode
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # well-known prefixes of provider keys and tokens: such a value is a secret, never a name or a URL part
 _KEY_PREFIXES = ("sk-", "sk_", "sess-", "gsk_", "xai-", "pplx-", "hf_", "AIza", "ghp_", "github_pat_", "glpat-")
-_SECRET_WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "pwd", "auth", "authorization",
-                 "sig", "signature", "credential", "credentials", "jwt", "bearer", "session"}
+_SECRET_WORDS = {
+    "key",
+    "apikey",
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "pwd",
+    "auth",
+    "authorization",
+    "sig",
+    "signature",
+    "credential",
+    "credentials",
+    "jwt",
+    "bearer",
+    "session",
+}
 
 
 class OnBadConversation(Enum):
@@ -62,10 +78,10 @@ class Provider(Enum):
 
 @dataclass
 class DataConfig:
-    dir: Optional[str] = None  # a dataset folder; the three paths below default into it
-    skill: Optional[str] = None
-    results: Optional[str] = None
-    predictions: Optional[str] = None
+    dir: str | None = None  # a dataset folder; the three paths below default into it
+    skill: str | None = None
+    results: str | None = None
+    predictions: str | None = None
     on_bad_conversation: OnBadConversation = OnBadConversation.error
     max_file_mb: float = 64.0  # any input file larger than this is bad input (a runaway log, a wrong path)
 
@@ -96,8 +112,8 @@ class ReflectConfig:
 
 @dataclass
 class PromptsConfig:
-    error: Optional[str] = None  # override of the failure template: text or a file path
-    success: Optional[str] = None
+    error: str | None = None  # override of the failure template: text or a file path
+    success: str | None = None
 
 
 @dataclass
@@ -119,8 +135,8 @@ class RetryConfig:
 
 @dataclass
 class AzureConfig:
-    endpoint: Optional[str] = None  # https://<resource>.openai.azure.com
-    deployment: Optional[str] = None
+    endpoint: str | None = None  # https://<resource>.openai.azure.com
+    deployment: str | None = None
     api_version: str = "2024-10-21"
 
 
@@ -128,7 +144,7 @@ class AzureConfig:
 class OptimizerConfig:
     model: str = "gpt-5"
     provider: Provider = Provider.openai
-    base_url: Optional[str] = None
+    base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"  # the name of the variable, never the key
     azure: AzureConfig = field(default_factory=AzureConfig)
     timeout_s: float = 600.0
@@ -137,31 +153,31 @@ class OptimizerConfig:
     max_output_tokens_ceiling: int = 128000  # a reply cut off by the limit is re-asked with twice the room, up to this
     # OpenAI's reasoning models need max_completion_tokens; some older servers only know max_tokens
     token_limit_param: str = "max_completion_tokens"
-    temperature: Optional[float] = None
-    reasoning_effort: Optional[str] = None
+    temperature: float | None = None
+    reasoning_effort: str | None = None
     structured_output: StructuredOutput = StructuredOutput.auto
     sample: int = 0  # part of the cache key: with temperature > 0, sample=1,2,... are fresh draws
     # draws per minibatch: draw d is asked with sample index `sample + d` (and, when > 1, that seed)
     samples: int = 1
     cache: CacheMode = CacheMode.read_write
-    cache_path: Optional[str] = None  # default: <launch dir>/outputs/cache.db
-    context_window: Optional[int] = None  # tokens; prompts that would not fit are split or shortened
+    cache_path: str | None = None  # default: <launch dir>/outputs/cache.db
+    context_window: int | None = None  # tokens; prompts that would not fit are split or shortened
     context_overflow: ContextOverflow = ContextOverflow.split
-    max_cost_usd: Optional[float] = None  # spend never passes it: a call starts only if its worst case fits
-    rpm: Optional[int] = None  # requests per minute, shared by all workers of a run
-    tpm: Optional[int] = None  # tokens per minute (prompt estimate + output allowance)
+    max_cost_usd: float | None = None  # spend never passes it: a call starts only if its worst case fits
+    rpm: int | None = None  # requests per minute, shared by all workers of a run
+    tpm: int | None = None  # tokens per minute (prompt estimate + output allowance)
     dry_run: bool = False  # build and save every prompt, estimate tokens and cost, call nothing
     retry: RetryConfig = field(default_factory=RetryConfig)
     # model -> {input, cached_input, output}; plain dicts so a new model can be priced on the
     # command line (+optimizer.prices.my-model={input:1,output:2}); checked by validate()
-    prices: Dict[str, Any] = field(default_factory=dict)
+    prices: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class MlflowConfig:
     enabled: bool = True
     trace_calls: bool = True  # one MLflow trace per optimizer call, linked to the run
-    tracking_uri: Optional[str] = None  # default: sqlite:///<launch dir>/outputs/mlflow.db
+    tracking_uri: str | None = None  # default: sqlite:///<launch dir>/outputs/mlflow.db
     experiment: str = "reflact"
 
 
@@ -173,9 +189,9 @@ class Matcher(Enum):
 
 @dataclass
 class EmbeddingConfig:
-    base_url: Optional[str] = None  # default: optimizer.base_url
+    base_url: str | None = None  # default: optimizer.base_url
     model: str = "text-embedding-3-small"
-    api_key_env: Optional[str] = None  # default: optimizer.api_key_env
+    api_key_env: str | None = None  # default: optimizer.api_key_env
     # cosine at or above which two items match (bench/README.md: the labelled pairs' figures)
     threshold: float = 0.9
     batch: int = 64  # texts per request
@@ -195,7 +211,7 @@ class AnalysisConfig:
     matcher: Matcher = Matcher.lexical
     # cheap vetoes on embedding matches (reflact.analysis.guards: numbers, negation, target); negation is
     # left out by default: on the labelled pairs it cost 7 of 30 paraphrases (bench/README.md)
-    guards: List[str] = field(default_factory=lambda: ["numbers", "target"])
+    guards: list[str] = field(default_factory=lambda: ["numbers", "target"])
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     # two items match when every compared field (lowercased, whitespace collapsed, words sorted)
@@ -209,7 +225,7 @@ class AnalysisConfig:
 @dataclass
 class ReflactConfig:
     name: str = "default"  # names the sweep folder outputs/sweeps/<name>, so rerunning a sweep resumes it
-    optimized_metric: Optional[str] = None  # a run metric the job returns, for sweepers such as Optuna
+    optimized_metric: str | None = None  # a run metric the job returns, for sweepers such as Optuna
     data: DataConfig = field(default_factory=DataConfig)
     reflect: ReflectConfig = field(default_factory=ReflectConfig)
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
@@ -225,10 +241,24 @@ class ReflactConfig:
 # and prompts settings build); they only decide whether a call succeeds and what is recorded of it,
 # and a rerun redoes what failed. A sweep leaves them out of its fixed settings and (with Hydra's
 # launch keys) of its job folder names, so changing one resumes the sweep.
-UNCHANGING = ("name", "optimized_metric", "reflect.workers", "optimizer.base_url", "optimizer.azure.endpoint",
-              "optimizer.api_key_env", "optimizer.timeout_s", "optimizer.retry", "optimizer.rpm", "optimizer.tpm",
-              "optimizer.max_cost_usd", "optimizer.prices", "optimizer.cache", "optimizer.cache_path", "mlflow",
-              "analysis")
+UNCHANGING = (
+    "name",
+    "optimized_metric",
+    "reflect.workers",
+    "optimizer.base_url",
+    "optimizer.azure.endpoint",
+    "optimizer.api_key_env",
+    "optimizer.timeout_s",
+    "optimizer.retry",
+    "optimizer.rpm",
+    "optimizer.tpm",
+    "optimizer.max_cost_usd",
+    "optimizer.prices",
+    "optimizer.cache",
+    "optimizer.cache_path",
+    "mlflow",
+    "analysis",
+)
 LAUNCH = ("hydra", "cluster")  # override keys that choose where and how jobs run, not what they do
 
 
@@ -278,7 +308,7 @@ def typed(dict_cfg) -> ReflactConfig:
 
     # merging into the schema also rejects keys added with `+`, which Hydra lets through
     merged = OmegaConf.merge(OmegaConf.structured(ReflactConfig), OmegaConf.to_container(dict_cfg))
-    return OmegaConf.to_object(merged)
+    return cast(ReflactConfig, OmegaConf.to_object(merged))
 
 
 def params(cfg: ReflactConfig) -> dict[str, str]:
@@ -287,7 +317,7 @@ def params(cfg: ReflactConfig) -> dict[str, str]:
     with one_at_a_time():
         from omegaconf import OmegaConf
 
-    tree = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    tree = cast(dict, OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True))
     if cfg.optimizer.provider is not Provider.azure:
         del tree["optimizer"]["azure"]
     tree["optimizer"]["prices"] = {m: p for m, p in tree["optimizer"]["prices"].items() if m == cfg.optimizer.model}
@@ -330,11 +360,15 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     cfg.optimizer.prices = {model: _price(model, value) for model, value in cfg.optimizer.prices.items()}
     o = cfg.optimizer
     if o.max_cost_usd is not None and o.model not in o.prices:
-        raise UserError(f"optimizer.max_cost_usd: the model {o.model!r} has no price, so the cap could not hold; "
-                        f"{how_to_price(o.model)} (USD per million tokens)")
+        raise UserError(
+            f"optimizer.max_cost_usd: the model {o.model!r} has no price, so the cap could not hold; "
+            f"{how_to_price(o.model)} (USD per million tokens)"
+        )
     if cfg.optimized_metric in ("cost_usd", "spent_usd") and o.model not in o.prices:
-        raise UserError(f"optimized_metric: {cfg.optimized_metric} is unknown for the model {o.model!r}, which has no "
-                        f"price; {how_to_price(o.model)} (USD per million tokens)")
+        raise UserError(
+            f"optimized_metric: {cfg.optimized_metric} is unknown for the model {o.model!r}, which has no "
+            f"price; {how_to_price(o.model)} (USD per million tokens)"
+        )
     return cfg
 
 
@@ -355,12 +389,18 @@ def _check_analysis(cfg: ReflactConfig) -> None:
     if a.embedding.api_key_env is not None:
         _check_key_env(a.embedding.api_key_env, "analysis.embedding.api_key_env")
     if a.embedding.base_url is not None:
-        _check_url(a.embedding.base_url, "analysis.embedding.base_url", "http://127.0.0.1:8000/v1",
-                   "put the key in the environment variable named by analysis.embedding.api_key_env")
+        _check_url(
+            a.embedding.base_url,
+            "analysis.embedding.base_url",
+            "http://127.0.0.1:8000/v1",
+            "put the key in the environment variable named by analysis.embedding.api_key_env",
+        )
     if a.matcher is not Matcher.lexical and o.max_cost_usd is not None and a.embedding.model not in o.prices:
-        raise UserError(f"analysis.embedding.model: {a.embedding.model!r} has no price, so optimizer.max_cost_usd "
-                        f"could not hold for the analysis; set +optimizer.prices.{a.embedding.model}={{input:...}} "
-                        "(USD per million tokens; 0 for a local model)")
+        raise UserError(
+            f"analysis.embedding.model: {a.embedding.model!r} has no price, so optimizer.max_cost_usd "
+            f"could not hold for the analysis; set +optimizer.prices.{a.embedding.model}={{input:...}} "
+            "(USD per million tokens; 0 for a local model)"
+        )
 
 
 def priced(cfg: ReflactConfig) -> bool:
@@ -375,8 +415,10 @@ def how_to_price(model: str) -> str:
 
     if re.fullmatch(r"[A-Za-z0-9_-]+", model):
         return f"set +optimizer.prices.{model}={{input:...,cached_input:...,output:...}}"
-    return (f"add \"{model}\": {{input: ..., cached_input: ..., output: ...}} under optimizer.prices in your "
-            "experiment's yaml")
+    return (
+        f'add "{model}": {{input: ..., cached_input: ..., output: ...}} under optimizer.prices in your '
+        "experiment's yaml"
+    )
 
 
 def _check_optimized_metric(name: str | None, reflect: ReflectConfig) -> None:
@@ -390,7 +432,7 @@ def _check_optimized_metric(name: str | None, reflect: ReflectConfig) -> None:
         raise UserError(f"optimized_metric: {name} is counted with reflect.provenance=true only")
 
 
-def check_threshold(value: object, key: str) -> float:
+def check_threshold(value: Any, key: str) -> float:
     """A similarity threshold: a number in (0, 1]."""
     _number(value, key, high=1, above=0)
     return float(value)
@@ -424,19 +466,27 @@ def _check_optimizer_numbers(o: OptimizerConfig, full_rewrite: bool) -> None:
     _number(o.timeout_s, "optimizer.timeout_s", above=0)
     _at_least(o.max_output_tokens, 1, "optimizer.max_output_tokens")
     _at_least(o.max_output_tokens_full_rewrite, 1, "optimizer.max_output_tokens_full_rewrite")
-    _at_least(o.max_output_tokens_ceiling, max(o.max_output_tokens, o.max_output_tokens_full_rewrite),
-              "optimizer.max_output_tokens_ceiling")
+    _at_least(
+        o.max_output_tokens_ceiling,
+        max(o.max_output_tokens, o.max_output_tokens_full_rewrite),
+        "optimizer.max_output_tokens_ceiling",
+    )
     if o.temperature is not None:
         _number(o.temperature, "optimizer.temperature", low=0, high=2)
     _at_least(o.sample, 0, "optimizer.sample")
     _at_least(o.samples, 1, "optimizer.samples")
     if o.context_window is not None:
         _at_least(o.context_window, 1, "optimizer.context_window")
-        allowance, allowance_key = ((o.max_output_tokens_full_rewrite, "optimizer.max_output_tokens_full_rewrite")
-                                    if full_rewrite else (o.max_output_tokens, "optimizer.max_output_tokens"))
+        allowance, allowance_key = (
+            (o.max_output_tokens_full_rewrite, "optimizer.max_output_tokens_full_rewrite")
+            if full_rewrite
+            else (o.max_output_tokens, "optimizer.max_output_tokens")
+        )
         if o.context_window <= allowance:
-            raise UserError(f"optimizer.context_window ({o.context_window}) must be larger than {allowance_key} "
-                            f"({allowance}): the prompt needs room beside the reply; lower {allowance_key}")
+            raise UserError(
+                f"optimizer.context_window ({o.context_window}) must be larger than {allowance_key} "
+                f"({allowance}): the prompt needs room beside the reply; lower {allowance_key}"
+            )
     if o.max_cost_usd is not None:
         _number(o.max_cost_usd, "optimizer.max_cost_usd", low=0)
     for key in ("rpm", "tpm"):
@@ -449,16 +499,19 @@ def _check_optimizer_numbers(o: OptimizerConfig, full_rewrite: bool) -> None:
 
 def _check_optimizer_names(o: OptimizerConfig) -> None:
     if not o.model or not o.model.strip():
-        raise UserError("optimizer.model is not set: name the model the server serves, e.g. "
-                        "optimizer.model=qwen3:32b (the compatible, ollama and vllm presets have no default)")
+        raise UserError(
+            "optimizer.model is not set: name the model the server serves, e.g. "
+            "optimizer.model=qwen3:32b (the compatible, ollama and vllm presets have no default)"
+        )
     if o.token_limit_param not in ("max_completion_tokens", "max_tokens"):
         raise UserError(
-            "optimizer.token_limit_param must be max_completion_tokens or max_tokens, "
-            f"got {o.token_limit_param!r}"
+            f"optimizer.token_limit_param must be max_completion_tokens or max_tokens, got {o.token_limit_param!r}"
         )
     if o.reasoning_effort and not re.fullmatch(r"[A-Za-z_-]+", o.reasoning_effort):
-        raise UserError(f"optimizer.reasoning_effort must be one word such as low, medium or high, "
-                        f"got {_shown(o.reasoning_effort)!r}")
+        raise UserError(
+            f"optimizer.reasoning_effort must be one word such as low, medium or high, "
+            f"got {_shown(o.reasoning_effort)!r}"
+        )
     _check_key_env(o.api_key_env)
     if o.cache_path is not None and not o.cache_path.strip():
         raise UserError("optimizer.cache_path is empty: leave it unset (null) for outputs/cache.db")
@@ -475,13 +528,14 @@ def _check_key_env(name: str, key: str = "optimizer.api_key_env") -> None:
     if name and _ENV_NAME.fullmatch(name) and not _looks_like_key(name):
         return
     if not name:
-        raise UserError(f"{key} is empty: name the environment variable that holds the key, "
-                        "e.g. OPENAI_API_KEY")
+        raise UserError(f"{key} is empty: name the environment variable that holds the key, e.g. OPENAI_API_KEY")
     # a short value that is no key is echoed to help spot the typo; anything else may be the key
     shown = "value not shown: it may be a key" if _looks_like_key(name) or len(name) > 20 else f"got {name!r}"
-    raise UserError(f"{key} must be the name of an environment variable (letters, digits, _; "
-                    f"{shown}), not the key: put the key in a variable such as OPENAI_API_KEY and set "
-                    f"{key} to that variable's name")
+    raise UserError(
+        f"{key} must be the name of an environment variable (letters, digits, _; "
+        f"{shown}), not the key: put the key in a variable such as OPENAI_API_KEY and set "
+        f"{key} to that variable's name"
+    )
 
 
 def _check_optimizer_urls(o: OptimizerConfig) -> None:
@@ -497,8 +551,10 @@ def _check_mlflow(m: MlflowConfig) -> None:
         raise UserError("mlflow.experiment is empty: name the MLflow experiment, e.g. reflact")
     if m.tracking_uri:
         # a tracking server's credentials belong in MLflow's own variables, not in the logged config
-        hint = ("use MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN "
-                "(for a database, its own password variable or file, e.g. PGPASSWORD)")
+        hint = (
+            "use MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN "
+            "(for a database, its own password variable or file, e.g. PGPASSWORD)"
+        )
         try:  # no stricter: MLflow takes paths with spaces, databricks://profile:prefix...
             parts = urlsplit(m.tracking_uri)
         except ValueError:
@@ -527,7 +583,7 @@ def _split_url(value: str, key: str) -> SplitResult:
         raise UserError(f"{key} contains whitespace or control characters")
     try:
         parts = urlsplit(value)
-        parts.port  # raises on a port that is not a number in 0..65535
+        _ = parts.port  # raises on a port that is not a number in 0..65535
     except ValueError:
         raise UserError(f"{key} is not a valid URL (check the host and port)") from None
     return parts
@@ -560,8 +616,12 @@ def _looks_like_key(text: str) -> bool:
     text = text.strip()
     if len(text) >= 20 and text.startswith(_KEY_PREFIXES) and any(c.isdigit() for c in text):
         return True
-    return (len(text) >= 32 and any(c.islower() for c in text) and any(c.isupper() for c in text)
-            and any(c.isdigit() for c in text))
+    return (
+        len(text) >= 32
+        and any(c.islower() for c in text)
+        and any(c.isupper() for c in text)
+        and any(c.isdigit() for c in text)
+    )
 
 
 def _shown(text: str, limit: int = 60) -> str:
@@ -571,12 +631,14 @@ def _shown(text: str, limit: int = 60) -> str:
 def dataset_paths(data: DataConfig) -> tuple[Path, Path, Path]:
     """(skill, results, predictions), explicit paths winning over those inside data.dir."""
     base = Path(data.dir) if data.dir else None
-    skill = Path(data.skill) if data.skill else base / "skill.md"
+    # None only when data.skill and data.results are both given (_check_data)
+    inside = cast(Path, base)
+    skill = Path(data.skill) if data.skill else inside / "skill.md"
     if data.results:
         results = Path(data.results)
     else:
-        jsonl = base / "results.jsonl"
-        results = jsonl if jsonl.exists() or not (base / "results.json").exists() else base / "results.json"
+        jsonl = inside / "results.jsonl"
+        results = jsonl if jsonl.exists() or not (inside / "results.json").exists() else inside / "results.json"
     if data.predictions:
         predictions = Path(data.predictions)
     else:
@@ -584,7 +646,7 @@ def dataset_paths(data: DataConfig) -> tuple[Path, Path, Path]:
     return skill, results, predictions
 
 
-def _price(model: str, value: object) -> Price:
+def _price(model: str, value: Any) -> Price:
     if isinstance(value, Price):
         value = {"input": value.input, "cached_input": value.cached_input, "output": value.output}
     try:
@@ -607,8 +669,9 @@ def _at_least(value: int, low: int, key: str) -> None:
     _number(value, key, low=low)
 
 
-def _number(value: object, key: str, low: float | None = None, high: float | None = None,
-            above: float | None = None) -> None:
+def _number(
+    value: object, key: str, low: float | None = None, high: float | None = None, above: float | None = None
+) -> None:
     """A finite number within [low, high] (and > above); NaN and infinity pass no comparison
     the way a range check expects, so they are refused first."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from reflact.imports import one_at_a_time
 
@@ -70,8 +71,11 @@ def user_error_message(exc: BaseException) -> str | None:
 
 
 # Hydra plugins reflact's presets use, and the extra that installs each
-PLUGIN_EXTRAS = {"hydra/sweeper/optuna": "optuna", "hydra/launcher/joblib": "parallel",
-                 "hydra/launcher/submitit": "slurm"}
+PLUGIN_EXTRAS = {
+    "hydra/sweeper/optuna": "optuna",
+    "hydra/launcher/joblib": "parallel",
+    "hydra/launcher/submitit": "slurm",
+}
 
 
 def _plugin_hint(text: str) -> str:
@@ -90,7 +94,7 @@ def exits_on_user_error(command: Callable[..., T]) -> Callable[..., T]:
         except KeyboardInterrupt as exc:
             print(f"reflact: {exc if isinstance(exc, Stopped) else 'interrupted'}", file=sys.stderr)
             raise SystemExit(getattr(exc, "exit_code", 130)) from None
-        except Exception as exc:  # noqa: BLE001 - mistakes get one line; bugs keep their traceback
+        except Exception as exc:  # mistakes get one line; bugs keep their traceback
             line, code = _ending(exc)
             print(f"reflact: {line}", file=sys.stderr)
             raise SystemExit(code) from None
@@ -107,7 +111,7 @@ def fails_the_job(command: Callable[..., T]) -> Callable[..., T]:
     def guarded(*args, **kwargs) -> T:
         try:
             return command(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - bugs keep their traceback
+        except Exception as exc:  # bugs keep their traceback
             line, _ = _ending(exc)
             print(f"reflact: {line}", file=sys.stderr)
             raise JobFailed(line) from None

@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from reflact.analysis.figures import analyse_run_dir
 from reflact.analysis.figures import warm as analysis_warm
@@ -48,6 +48,7 @@ class RunResult:
     analysis: dict | None = None  # agreement, redundancy, distinct items (reflact.analysis.figures)
 
 
+# fmt: off
 def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch: Launch) -> RunResult:
     """Everything that can be wrong with the inputs is found before the first call, and before
     `record_config` writes the run's config beside its outputs (a bad rerun changes nothing)."""
@@ -74,16 +75,21 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
             if tracker is not None and not tracker.finished:
                 tracker.finish(None, "FAILED")
             raise
+# fmt: on
 
 
-def _run(cfg: ReflactConfig, stage: Stage, optimizer, tracker: LiveRun | None, started_at: float,
-         launch_dir: Path) -> RunResult:
+def _run(
+    cfg: ReflactConfig, stage: Stage, optimizer, tracker: LiveRun | None, started_at: float, launch_dir: Path
+) -> RunResult:
     """The stage, then the run's summary and report, its status, and the end of its MLflow run."""
     dataset = stage.dataset
     warn_unpriced(cfg)
     if dataset.skipped:
-        log.info("skipping %d run(s) without a usable conversation: %s", len(dataset.skipped),
-                 ", ".join(sorted(dataset.skipped)[:10]) + (" ..." if len(dataset.skipped) > 10 else ""))
+        log.info(
+            "skipping %d run(s) without a usable conversation: %s",
+            len(dataset.skipped),
+            ", ".join(sorted(dataset.skipped)[:10]) + (" ..." if len(dataset.skipped) > 10 else ""),
+        )
     # the analysis at the end imports numpy, scipy and rapidfuzz (~0.25 s): load them while the
     # process waits for its first replies (a dry run keeps no items to analyse)
     if not cfg.optimizer.dry_run and cfg.analysis.max_items:
@@ -92,8 +98,7 @@ def _run(cfg: ReflactConfig, stage: Stage, optimizer, tracker: LiveRun | None, s
         outcomes = stage.run()
     finally:
         optimizer.close()
-    summary = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.system.hashes(), started_at,
-                        time.time)
+    summary = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.system.hashes(), started_at, time.time)
     analysis = _analysis(cfg, stage, summary, launch_dir)
     status, reason = run_status(summary["counts"], cfg, outcomes, stage.run_dir.root, optimizer.fault)
     run_id = tracker.finish(summary, status) if tracker is not None else None
@@ -122,10 +127,15 @@ def warn_unpriced(cfg: ReflactConfig) -> None:
     if priced(cfg):
         return
     model = cfg.optimizer.model
-    log.warning("optimizer.model %r has no price in optimizer.prices, so its cost is unknown (and no cost cap "
-                "can hold); %s (USD per million tokens)", model, how_to_price(model))
+    log.warning(
+        "optimizer.model %r has no price in optimizer.prices, so its cost is unknown (and no cost cap "
+        "can hold); %s (USD per million tokens)",
+        model,
+        how_to_price(model),
+    )
 
 
+# fmt: off
 def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: RunDir) -> None:
     """The run's last lines: what it did, and what needs a rerun."""
     c = summary["counts"]
@@ -149,6 +159,7 @@ def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: RunDir) -
     if c["minibatches_failed"]:
         log.warning("%d minibatch(es) failed; rerun with the same hydra.run.dir to redo only those",
                     c["minibatches_failed"])
+# fmt: on
 
 
 def _spent(c: dict) -> str:
@@ -166,14 +177,27 @@ def report_analysis(analysis: dict) -> None:
         return
     agreement = analysis.get("agreement")
     per_usd = analysis.get("distinct_edits_per_usd")
-    log.info("analysis: %d kept items, %d distinct%s, redundancy %.2f%s (%s matcher, threshold %.2f)",
-             analysis["edits"], analysis["distinct_edits"], f" ({per_usd:.1f} per $)" if per_usd else "",
-             analysis["redundancy"], "" if agreement is None else f", agreement over draws {agreement:.2f}",
-             analysis.get("matcher", "lexical"), analysis["threshold"])
+    log.info(
+        "analysis: %d kept items, %d distinct%s, redundancy %.2f%s (%s matcher, threshold %.2f)",
+        analysis["edits"],
+        analysis["distinct_edits"],
+        f" ({per_usd:.1f} per $)" if per_usd else "",
+        analysis["redundancy"],
+        "" if agreement is None else f", agreement over draws {agreement:.2f}",
+        analysis.get("matcher", "lexical"),
+        analysis["threshold"],
+    )
     if "analysis_cost_usd" in analysis:  # the matcher's own calls, beside the stage's
-        log.info("analysis by %s: %d tokens, $%.4f (%s)", analysis["matcher"], analysis["analysis_tokens"],
-                 analysis["analysis_cost_usd"], ", ".join(f"{kind}: {c['requests']} requests, {c['cache_hits']} from "
-                                                          f"cache" for kind, c in analysis["analysis_calls"].items()))
+        log.info(
+            "analysis by %s: %d tokens, $%.4f (%s)",
+            analysis["matcher"],
+            analysis["analysis_tokens"],
+            analysis["analysis_cost_usd"],
+            ", ".join(
+                f"{kind}: {c['requests']} requests, {c['cache_hits']} from cache"
+                for kind, c in analysis["analysis_calls"].items()
+            ),
+        )
 
 
 def make_optimizer(cfg: ReflactConfig, launch_dir: Path, skill: str, environ: dict | None = None) -> Optimizer:

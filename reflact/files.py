@@ -13,9 +13,10 @@ import filecmp
 import json
 import os
 import secrets
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import TextIO
 
 from reflact.errors import UserError
 

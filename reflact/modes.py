@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -17,12 +17,12 @@ NEEDS_CONTENT = ("append", "insert_after", "replace")  # ops that write text
 class Edit(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    op: Literal[EDIT_OPS]  # the tuple subscripts as its members
-    target: Optional[str] = None
-    content: Optional[str] = None
+    op: Literal[EDIT_OPS]  # type: ignore[valid-type]  # the tuple subscripts as its members (pydantic reads them)
+    target: str | None = None
+    content: str | None = None
 
     @model_validator(mode="after")
-    def _fields_for_op(self) -> "Edit":
+    def _fields_for_op(self) -> Edit:
         if self.op in NEEDS_TARGET and not self.target:
             raise ValueError(f"op '{self.op}' needs a non-empty 'target'")
         if self.op in NEEDS_CONTENT and self.content is None:
@@ -117,8 +117,12 @@ def mode_by_number(number: int) -> Mode:
 # one failure pattern, in the shape SkillOpt's trainer reads (failure_type, count, description)
 FAILURE_PATTERN = {
     "type": "object",
-    "properties": {"failure_type": {"type": "string"}, "count": {"type": "integer"},
-                   "trajectories": {"type": "array", "items": {"type": "string"}}, "description": {"type": "string"}},
+    "properties": {
+        "failure_type": {"type": "string"},
+        "count": {"type": "integer"},
+        "trajectories": {"type": "array", "items": {"type": "string"}},
+        "description": {"type": "string"},
+    },
     "required": ["failure_type", "count", "description"],
 }
 
@@ -131,9 +135,12 @@ SUPPORT_IDS_FIELD = "supporting_ids"  # what reflact records: those positions as
 def with_support(item: type[BaseModel]) -> type[BaseModel]:
     """The item model with the provenance field: a subclass, so the plain models (and the schema
     sent without provenance) stay exactly as they are."""
-    positions = (list[Annotated[int, Field(ge=1)]],
-                 Field(description="the numbers i of the headings 'Trajectory i of N' this item stands on"))
-    return create_model(f"{item.__name__}WithSupport", __base__=item, **{SUPPORT_FIELD: positions})
+    positions = (
+        list[Annotated[int, Field(ge=1)]],
+        Field(description="the numbers i of the headings 'Trajectory i of N' this item stands on"),
+    )
+    # pydantic types the fields by keyword, not through a ** mapping
+    return create_model(f"{item.__name__}WithSupport", __base__=item, **{SUPPORT_FIELD: positions})  # type: ignore[call-overload]
 
 
 def reply_schema(mode: Mode, group: str, notes_allowed: bool, provenance: bool = False) -> dict:

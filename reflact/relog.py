@@ -45,7 +45,7 @@ def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | No
             run_id = mirror.open()
             mirror.write(_events(rd, summary, outcomes))
             mirror.end(summary, status, int(summary.get("times", {}).get("ended_at", time.time()) * 1000))
-    except Exception as exc:  # noqa: BLE001 - the store's failure, in one line
+    except Exception as exc:  # the store's failure, in one line
         log.warning("MLflow logging to %s failed: %s", uri, one_line(exc))
         return None
     rd.write_mlflow_record({"run_id": run_id, "tracking_uri": uri, "status": status})
@@ -69,9 +69,16 @@ def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: di
     multirun = hc is not None and str(hc.mode) == "MULTIRUN"
     dataset, system = _inputs(cfg)
     return RunContext(
-        cfg, params, rd, launch_dir, float(summary.get("times", {}).get("started_at", time.time())), dataset, system,
+        cfg,
+        params,
+        rd,
+        launch_dir,
+        float(summary.get("times", {}).get("started_at", time.time())),
+        dataset,
+        system,
         tuple(hc.overrides.task) if hc is not None else (),
-        (launch_dir / str(hc.sweep.dir)).resolve() if multirun else None, int(hc.job.num) if multirun else None,
+        (launch_dir / str(hc.sweep.dir)).resolve() if hc is not None and multirun else None,
+        int(hc.job.num) if hc is not None and multirun else None,
         summary["settings"].get("template_hashes"),
     )
 
@@ -112,8 +119,10 @@ def _events(rd: RunDir, summary: dict, outcomes: list) -> list:
     from reflact.prompting.plan import Minibatch, parse_tag
     from reflact.running.events import MinibatchEnded, Planned
 
-    plan = [Minibatch(record["group"], record["index"], [], (parse_tag(record["tag"]) or ("", 0, 0))[2])
-            for record in summary["minibatches"]]
+    plan = [
+        Minibatch(record["group"], record["index"], [], (parse_tag(record["tag"]) or ("", 0, 0))[2])
+        for record in summary["minibatches"]
+    ]
     return [Planned(plan), *(MinibatchEnded(o, rd.patch(o.tag)) for o in outcomes)]
 
 

@@ -52,9 +52,13 @@ def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool) -> float | None:
 
     run_dir = Path(hc.runtime.output_dir)
     cfg, params = config.from_hydra(dict_cfg)
-    launch = Launch(Path(hydra.utils.get_original_cwd()), Path(hc.sweep.dir).resolve() if multirun else None,
-                    hc.job.num if multirun else None, tuple(hc.overrides.task),
-                    record_config=lambda: _record_config(dict_cfg, hc, run_dir))
+    launch = Launch(
+        Path(hydra.utils.get_original_cwd()),
+        Path(hc.sweep.dir).resolve() if multirun else None,
+        hc.job.num if multirun else None,
+        tuple(hc.overrides.task),
+        record_config=lambda: _record_config(dict_cfg, hc, run_dir),
+    )
     result = run(cfg, params, run_dir, launch)
     if result.status == "FAILED":
         raise RunFailed(result.reason)
@@ -66,8 +70,9 @@ def _record_config(dict_cfg: DictConfig, hc: DictConfig, run_dir: Path) -> None:
     config and inputs passed their checks, so a mistaken rerun leaves the record alone."""
     from reflact.running.rundir import RunDir
 
-    RunDir(run_dir).write_config(OmegaConf.to_yaml(dict_cfg), OmegaConf.to_yaml(list(hc.overrides.task)),
-                                 OmegaConf.to_yaml({"hydra": hc}))
+    RunDir(run_dir).write_config(
+        OmegaConf.to_yaml(dict_cfg), OmegaConf.to_yaml(list(hc.overrides.task)), OmegaConf.to_yaml({"hydra": hc})
+    )
 
 
 def main() -> None:

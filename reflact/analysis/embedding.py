@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from reflact.analysis.guards import passing
 from reflact.analysis.matching import Key, blocks_of
@@ -40,20 +41,24 @@ class Spent:
     cost_usd: float = 0.0
 
     def as_dict(self) -> dict:
-        return {"requests": self.requests, "cache_hits": self.cache_hits, "tokens": self.tokens,
-                "cost_usd": round(self.cost_usd, 6)}
+        return {
+            "requests": self.requests,
+            "cache_hits": self.cache_hits,
+            "tokens": self.tokens,
+            "cost_usd": round(self.cost_usd, 6),
+        }
 
 
 @dataclass
 class Embedder:
     """Unit vectors for texts from one endpoint and model."""
 
-    sdk: object  # openai.OpenAI
+    sdk: Any  # openai.OpenAI
     model: str
     endpoint: dict  # which server answers: part of the cache key
     cache: ResponseCache | None
     price: Price | None
-    spend: object  # reflact.running.ask.Spend: the cap shared with the judge
+    spend: Any  # reflact.running.ask.Spend: the cap shared with the judge
     retry: RetryConfig
     batch: int = 64
     secret: str = ""
@@ -69,8 +74,8 @@ class Embedder:
         missing = [text for text, vector in found.items() if vector is None]
         self.spent.cache_hits += len(distinct) - len(missing)
         for start in range(0, len(missing), self.batch):
-            part = missing[start:start + self.batch]
-            found.update(zip(part, self._ask(part)))
+            part = missing[start : start + self.batch]
+            found.update(zip(part, self._ask(part), strict=True))
         if not texts:
             return np.zeros((0, 1), dtype=np.float32)
         matrix = np.asarray([found[text] for text in texts], dtype=np.float32)
@@ -88,27 +93,30 @@ class Embedder:
 
         worst = sum(len(t.encode("utf-8")) + 8 for t in texts) * (self.price.input if self.price else 0.0) / 1e6
         if not self.spend.reserve(worst, threading.Event()):
-            raise AnalysisUnavailable("analysis: the cost limit optimizer.max_cost_usd leaves no room for the "
-                                      "embedding requests; raise it or use analysis.matcher=lexical")
+            raise AnalysisUnavailable(
+                "analysis: the cost limit optimizer.max_cost_usd leaves no room for the "
+                "embedding requests; raise it or use analysis.matcher=lexical"
+            )
         cost = 0.0
         try:
             reply = self._create(texts)
             vectors = [list(map(float, row.embedding)) for row in sorted(reply.data, key=lambda r: r.index)]
             if len(vectors) != len(texts):
-                raise AnalysisUnavailable(f"analysis.embedding: the server returned {len(vectors)} embeddings "
-                                          f"for {len(texts)} texts")
+                raise AnalysisUnavailable(
+                    f"analysis.embedding: the server returned {len(vectors)} embeddings for {len(texts)} texts"
+                )
             tokens = int(getattr(reply.usage, "prompt_tokens", 0) or 0)
             cost = tokens * (self.price.input if self.price else 0.0) / 1e6
             self.spent.requests, self.spent.tokens = self.spent.requests + 1, self.spent.tokens + tokens
             self.spent.cost_usd += cost
         except AnalysisUnavailable:
             raise
-        except Exception as exc:  # noqa: BLE001 - one line naming the setting, whatever the SDK raised
+        except Exception as exc:  # one line naming the setting, whatever the SDK raised
             raise AnalysisUnavailable(self._why(exc, describe_error(exc, self.secret))) from None
         finally:
             self.spend.settle(worst, cost)
         if self.cache:
-            for text, vector in zip(texts, vectors):
+            for text, vector in zip(texts, vectors, strict=True):
                 self.cache.put(self._key(text), {"vector": vector})
         return vectors
 
@@ -119,9 +127,13 @@ class Embedder:
 
         from reflact.calls.client import is_transient, wait_after
 
-        retrying = Retrying(retry=retry_if_exception(is_transient), reraise=True,
-                            stop=stop_after_attempt(self.retry.max_attempts) | stop_before_delay(self.retry.max_seconds),
-                            wait=wait_after(self.retry.initial_wait_s, self.retry.max_wait_s))
+        stop = stop_after_attempt(self.retry.max_attempts) | stop_before_delay(self.retry.max_seconds)
+        retrying = Retrying(
+            retry=retry_if_exception(is_transient),
+            reraise=True,
+            stop=stop,
+            wait=wait_after(self.retry.initial_wait_s, self.retry.max_wait_s),
+        )
         for attempt in retrying:
             with attempt:
                 return self.sdk.embeddings.create(model=self.model, input=texts, encoding_format="float")
@@ -129,9 +141,11 @@ class Embedder:
     def _why(self, exc: Exception, described: str) -> str:
         where = self.endpoint.get("base_url", "")
         if getattr(exc, "status_code", None) == 404:
-            return (f"analysis.embedding: {where} has no embeddings for model {self.model!r} (HTTP 404 on "
-                    "/embeddings): set analysis.embedding.base_url and .model to a server that serves them, or "
-                    "analysis.matcher=lexical")
+            return (
+                f"analysis.embedding: {where} has no embeddings for model {self.model!r} (HTTP 404 on "
+                "/embeddings): set analysis.embedding.base_url and .model to a server that serves them, or "
+                "analysis.matcher=lexical"
+            )
         return f"analysis.embedding: the request to {where} failed: {described}"
 
 
@@ -151,19 +165,23 @@ class EmbeddingMatcher:
 
         present = [i for i, key in enumerate(keys) if key is not None]
         row = {index: n for n, index in enumerate(present)}
-        vectors = self.embedder.vectors([keys[i].meaning for i in present])
+        vectors = self.embedder.vectors([key.meaning for key in keys if key is not None])
         for members in blocks_of(keys):
             positions = np.asarray(members)
             block = vectors[[row[i] for i in members]]
             for a, b in _similar(block, self.threshold):
                 if self.guards:
-                    keep = passing([keys[i] for i in members], self.guards, a, b)
+                    keep = passing(cast("list[Key]", [keys[i] for i in members]), self.guards, a, b)
                     a, b = a[keep], b[keep]
                 yield positions[a], positions[b]
 
     def describe(self) -> dict:
-        return {"matcher": self.name, "threshold": self.threshold, "guards": list(self.guards),
-                "matching": f"cosine of {self.embedder.model} embeddings ({self.embedder.endpoint.get('base_url')})"}
+        return {
+            "matcher": self.name,
+            "threshold": self.threshold,
+            "guards": list(self.guards),
+            "matching": f"cosine of {self.embedder.model} embeddings ({self.embedder.endpoint.get('base_url')})",
+        }
 
 
 def _similar(vectors, threshold: float):
@@ -174,7 +192,7 @@ def _similar(vectors, threshold: float):
     n = len(vectors)
     rows = max(16, min(1024, CELLS_PER_CHUNK // max(n, 1)))
     for start in range(0, n, rows):
-        scores = vectors[start:start + rows] @ vectors[start:].T
+        scores = vectors[start : start + rows] @ vectors[start:].T
         r, c = np.nonzero(scores >= threshold - 1e-6)  # a text against itself is 1 up to rounding
         later = c > r
         yield start + r[later], start + c[later]

@@ -24,6 +24,7 @@ import logging
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from reflact.analysis.matching import Key, Lexical, item_key, match
 from reflact.config import AnalysisConfig
@@ -73,8 +74,13 @@ class Run:
     def label(self) -> dict:
         s = self.settings
         mode = str(s.get("update_mode"))
-        return {"update_mode": mode, "mode": MODES[mode].short if mode in MODES else mode, "M": s.get("minibatch_size"),
-                "L": s.get("edit_budget"), "k": s.get("samples", 1)}
+        return {
+            "update_mode": mode,
+            "mode": MODES[mode].short if mode in MODES else mode,
+            "M": s.get("minibatch_size"),
+            "L": s.get("edit_budget"),
+            "k": s.get("samples", 1),
+        }
 
 
 def load_run(root: Path) -> Run:
@@ -134,16 +140,23 @@ def analyse(run: Run, matcher) -> dict:
     """The run's figures (what analysis.json holds), by `matcher` (or a lexical threshold)."""
     items, matcher = run.items, as_matcher(matcher)
     minibatch = _codes([(i.group, i.index) for i in items])
-    matched = match([i.key for i in items], matcher, {
-        "redundant": (_codes([i.group for i in items]), minibatch),  # same group, another minibatch
-        "agreeing": (minibatch, [i.draw for i in items]),  # same minibatch, another draw
-    })
+    matched = match(
+        [i.key for i in items],
+        matcher,
+        {
+            "redundant": (_codes([i.group for i in items]), minibatch),  # same group, another minibatch
+            "agreeing": (minibatch, [i.draw for i in items]),  # same minibatch, another draw
+        },
+    )
     redundant, distinct = int(matched.recurs["redundant"].sum()), matched.distinct()
     figures = {
-        **matcher.describe(), "samples": int(run.settings.get("samples", 1)),
-        "edits": len(items), "distinct_edits": distinct,
+        **matcher.describe(),
+        "samples": int(run.settings.get("samples", 1)),
+        "edits": len(items),
+        "distinct_edits": distinct,
         "distinct_edits_per_usd": round(distinct / run.cost_usd, 6) if run.cost_usd > 0 else None,
-        "redundant_edits": redundant, "redundancy": _share(redundant, len(items)),
+        "redundant_edits": redundant,
+        "redundancy": _share(redundant, len(items)),
     }
     figures.update(_agreement(run, matched.recurs["agreeing"].tolist()))
     figures["near_duplicates"] = _groups(items, matched.cluster.tolist())
@@ -153,15 +166,22 @@ def analyse(run: Run, matcher) -> dict:
 def _agreement(run: Run, agreeing: list[bool]) -> dict:
     """Per minibatch with two draws or more: its items, over its draws, and those another draw repeats."""
     counts: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
-    for item, agrees in zip(run.items, agreeing):
+    for item, agrees in zip(run.items, agreeing, strict=True):
         counts[(item.group, item.index)][0] += 1
         counts[(item.group, item.index)][1] += agrees
-    records = []
+    records: list[dict[str, Any]] = []
     for (group, index), draws in sorted(run.draws.items(), key=lambda kv: (kv[0][0] != "failure", kv[0][1])):
         if draws >= 2:
             edits, agree = counts[(group, index)]
-            records.append({"minibatch": Minibatch(group, index, []).tag, "draws": draws, "edits": edits,
-                            "agreeing": agree, "agreement": _share(agree, edits) if edits else None})
+            records.append(
+                {
+                    "minibatch": Minibatch(group, index, []).tag,
+                    "draws": draws,
+                    "edits": edits,
+                    "agreeing": agree,
+                    "agreement": _share(agree, edits) if edits else None,
+                }
+            )
     if not records:
         return {"agreement": None}
     edits, agree = sum(r["edits"] for r in records), sum(r["agreeing"] for r in records)
@@ -171,7 +191,7 @@ def _agreement(run: Run, agreeing: list[bool]) -> dict:
 def _groups(items: list[Item], cluster: list[int]) -> list[list[str]]:
     """The clusters of two items or more, largest first: each item as `<minibatch>#<position>`."""
     members: dict[int, list[str]] = defaultdict(list)
-    for item, c in zip(items, cluster):
+    for item, c in zip(items, cluster, strict=True):
         members[c].append(f"{item.tag}#{item.position}")
     return sorted((m for m in members.values() if len(m) > 1), key=len, reverse=True)
 
@@ -186,11 +206,20 @@ def seed_agreement(runs: list[Run], matcher) -> list[dict]:
     for members in cells.values():
         items = [(run.seed, item) for run in members for item in run.items]
         seeds = sorted({run.seed for run in members})
-        row = {**members[0].label(), "seeds": len(seeds), "runs": len(members), "edits": len(items),
-               "recurring": None, "seed_agreement": None}
+        row = {
+            **members[0].label(),
+            "seeds": len(seeds),
+            "runs": len(members),
+            "edits": len(items),
+            "recurring": None,
+            "seed_agreement": None,
+        }
         if len(seeds) >= 2:
-            matched = match([item.key for _, item in items], as_matcher(matcher),
-                            {"other_seed": ([0] * len(items), [seed for seed, _ in items])})
+            matched = match(
+                [item.key for _, item in items],
+                as_matcher(matcher),
+                {"other_seed": ([0] * len(items), [seed for seed, _ in items])},
+            )
             recurring = int(matched.recurs["other_seed"].sum())
             row.update(recurring=recurring, seed_agreement=_share(recurring, len(items)))
         rows.append(row)
@@ -228,8 +257,11 @@ def analyse_run_dir(run_dir: RunDir, chosen, max_items: int | None = None) -> di
     described = chosen.matcher.describe()
     brief = {"edits": len(run.items), "matcher": described["matcher"], "threshold": described["threshold"]}
     if max_items is not None and len(run.items) > max_items:
-        figures = {**brief, "skipped": f"{len(run.items)} kept items, over analysis.max_items={max_items}: run "
-                                       f"python -m reflact.analyze {run_dir.root} for the figures"}
+        figures = {
+            **brief,
+            "skipped": f"{len(run.items)} kept items, over analysis.max_items={max_items}: run "
+            f"python -m reflact.analyze {run_dir.root} for the figures",
+        }
     else:
         try:
             figures = analyse(run, chosen.matcher)

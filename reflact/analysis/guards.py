@@ -1,11 +1,13 @@
 """Cheap vetoes on a match, for what embeddings are known to miss: checked on the items' own text,
 before any judge call, in numpy over the candidate pairs.
 
-| guard | two items may match only when | what it costs (bench/README.md) |
-|---|---|---|
-| `numbers` | their changes name the same numbers (as digits) | a paraphrase that writes a number another way ("2 times" / "twice") |
-| `negation` | both or neither says no (not, never, no, don't, avoid, unless, without, ...) | a paraphrase that turns "instead of guessing" into "do not guess" |
-| `target` | an `insert_after` or `replace` edit names the same target line | none seen: the model copies target lines from the skill |
+Each guard: two items may match only when ...; and what it costs (bench/README.md):
+- `numbers`: their changes name the same numbers (as digits); costs a paraphrase that writes a number
+  another way ("2 times" / "twice").
+- `negation`: both or neither says no (not, never, no, don't, avoid, unless, without, ...); costs a
+  paraphrase that turns "instead of guessing" into "do not guess".
+- `target`: an `insert_after` or `replace` edit names the same target line; costs none seen: the model
+  copies target lines from the skill.
 
 The first two are sound where a number or a "not" is the whole difference; a rule put the other
 way round without a negation word ("prefer A over B" / "prefer B over A") passes them.
@@ -21,8 +23,28 @@ from reflact.imports import one_at_a_time
 NAMES = ("numbers", "negation", "target")
 _WORDS = re.compile(r"[a-z]+(?:'t)?|\d+(?:[.,]\d+)?")
 # digits only: number words are as often no quantity ("one more try", "the two candidates")
-NEGATIONS = frozenset({"not", "no", "never", "nor", "neither", "without", "unless", "avoid", "cannot",
-                       "don't", "doesn't", "didn't", "isn't", "aren't", "won't", "can't", "shouldn't", "mustn't"})
+NEGATIONS = frozenset(
+    {
+        "not",
+        "no",
+        "never",
+        "nor",
+        "neither",
+        "without",
+        "unless",
+        "avoid",
+        "cannot",
+        "don't",
+        "doesn't",
+        "didn't",
+        "isn't",
+        "aren't",
+        "won't",
+        "can't",
+        "shouldn't",
+        "mustn't",
+    }
+)
 
 
 def numbers(text: str) -> tuple[str, ...]:

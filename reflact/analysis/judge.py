@@ -14,6 +14,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from reflact.analysis.embedding import AnalysisUnavailable, EmbeddingMatcher, Spent
 from reflact.analysis.matching import Key
@@ -30,16 +31,19 @@ and the same polarity, in whatever words. Two changes on one topic that differ i
 (another number, a negation, another target, another action) are not the same.
 
 Reply with only a JSON object: {{"same": [true, false, ...]}}, one boolean per pair, in order."""
-SCHEMA = {"type": "object", "properties": {"same": {"type": "array", "items": {"type": "boolean"}}},
-          "required": ["same"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"same": {"type": "array", "items": {"type": "boolean"}}},
+    "required": ["same"],
+}
 
 
 @dataclass
 class JudgeMatcher:
     candidates: EmbeddingMatcher
-    client: object  # reflact.calls.client.OptimizerClient
+    client: Any  # reflact.calls.client.OptimizerClient
     price: Price | None
-    spend: object  # reflact.running.ask.Spend, shared with the embeddings
+    spend: Any  # reflact.running.ask.Spend, shared with the embeddings
     batch: int
     max_output_tokens: int
     raw_dir: Path | None
@@ -55,13 +59,18 @@ class JudgeMatcher:
         b = np.concatenate([y for _, y in found]) if found else np.zeros(0, dtype=np.int64)
         same = np.zeros(len(a), dtype=bool)
         for start in range(0, len(a), self.batch):
-            pairs = [(keys[i], keys[j]) for i, j in zip(a[start:start + self.batch], b[start:start + self.batch])]
-            same[start:start + len(pairs)] = self._ask(pairs, start // self.batch + 1)
+            here = slice(start, start + self.batch)
+            pairs = [(keys[i], keys[j]) for i, j in zip(a[here], b[here], strict=True)]
+            same[start : start + len(pairs)] = self._ask(pairs, start // self.batch + 1)
         yield a[same], b[same]
 
     def describe(self) -> dict:
-        return {**self.candidates.describe(), "matcher": self.name, "model": getattr(self.client.cfg, "model", None),
-                "candidate_threshold": self.candidates.threshold}
+        return {
+            **self.candidates.describe(),
+            "matcher": self.name,
+            "model": getattr(self.client.cfg, "model", None),
+            "candidate_threshold": self.candidates.threshold,
+        }
 
     def _ask(self, pairs: list[tuple[Key, Key]], number: int) -> list[bool]:
         from reflact.calls.protocol import CallError
@@ -71,14 +80,17 @@ class JudgeMatcher:
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n\n".join(lines)}]
         worst = worst_cost(messages, self.max_output_tokens, self.price)
         if not self.spend.reserve(worst, threading.Event()):
-            raise AnalysisUnavailable("analysis: the cost limit optimizer.max_cost_usd leaves no room for the "
-                                      "judge's questions; raise it or use analysis.matcher=embedding")
+            raise AnalysisUnavailable(
+                "analysis: the cost limit optimizer.max_cost_usd leaves no room for the "
+                "judge's questions; raise it or use analysis.matcher=embedding"
+            )
         cost = 0.0
         try:
             reply = self.client.complete(messages, self.max_output_tokens, SCHEMA)
         except CallError as exc:
-            raise AnalysisUnavailable(f"analysis.matcher=judge: a question to the optimizer failed: {exc.cause}") \
-                from None
+            raise AnalysisUnavailable(
+                f"analysis.matcher=judge: a question to the optimizer failed: {exc.cause}"
+            ) from None
         finally:
             self.spend.settle(worst, cost)
         cost = 0.0 if reply.from_cache else reply.usage.cost_usd(self.price)
@@ -100,9 +112,15 @@ class JudgeMatcher:
 
         if self.raw_dir is not None:
             self.raw_dir.mkdir(parents=True, exist_ok=True)
-            write_json(self.raw_dir / f"judge_{number:03d}.json", {
-                "messages": messages, "reply": reply.text, "from_cache": reply.from_cache,
-                "usage": {"prompt": reply.usage.prompt, "completion": reply.usage.completion}})
+            write_json(
+                self.raw_dir / f"judge_{number:03d}.json",
+                {
+                    "messages": messages,
+                    "reply": reply.text,
+                    "from_cache": reply.from_cache,
+                    "usage": {"prompt": reply.usage.prompt, "completion": reply.usage.completion},
+                },
+            )
 
 
 def _verdicts(text: str, n: int) -> list[bool]:
@@ -115,5 +133,5 @@ def _verdicts(text: str, n: int) -> list[bool]:
         same = None
     if isinstance(same, list) and len(same) == n and all(isinstance(v, bool) for v in same):
         return same
-    log.warning("analysis: a judge reply was not %d booleans under \"same\"; its pairs count as different", n)
+    log.warning('analysis: a judge reply was not %d booleans under "same"; its pairs count as different', n)
     return [False] * n

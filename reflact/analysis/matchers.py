@@ -4,6 +4,7 @@ call), embedding (reflact.analysis.embedding) or judge (reflact.analysis.judge),
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,15 +28,20 @@ class Chosen:
             return {}
         parts = {kind: spent.as_dict() for kind, spent in self.spent.items()}
         total = {key: round(sum(p[key] for p in parts.values()), 6) for key in ("requests", "tokens", "cost_usd")}
-        return {"analysis_calls": parts, "analysis_tokens": int(total["tokens"]), "analysis_cost_usd": total["cost_usd"]}
+        return {
+            "analysis_calls": parts,
+            "analysis_tokens": int(total["tokens"]),
+            "analysis_cost_usd": total["cost_usd"],
+        }
 
     def close(self) -> None:
         for close in self.closers:
             close()
 
 
+# fmt: off
 def matcher_for(cfg: ReflactConfig, launch_dir: Path, spent_usd: float = 0.0, raw_dir: Path | None = None,
-                threshold: float | None = None, environ: dict | None = None) -> Chosen:
+                threshold: float | None = None, environ: Mapping[str, str] | None = None) -> Chosen:
     """The configured matcher; `spent_usd`: what the invocation already spent against the cap;
     `threshold` (the --threshold of reflact.analyze) replaces the matcher's own."""
     a = cfg.analysis
@@ -61,9 +67,10 @@ def matcher_for(cfg: ReflactConfig, launch_dir: Path, spent_usd: float = 0.0, ra
     chosen.matcher = JudgeMatcher(candidates, client, cfg.optimizer.prices.get(cfg.optimizer.model), spend,
                                   a.judge.batch, a.judge.max_output_tokens, raw_dir, chosen.spent["judge"])
     return chosen
+# fmt: on
 
 
-def _embedder(cfg: ReflactConfig, launch_dir: Path, spend, environ: dict | None) -> tuple[Embedder, list]:
+def _embedder(cfg: ReflactConfig, launch_dir: Path, spend, environ: Mapping[str, str] | None) -> tuple[Embedder, list]:
     from reflact.calls.cache import ResponseCache
 
     e, o = cfg.analysis.embedding, cfg.optimizer
@@ -71,8 +78,10 @@ def _embedder(cfg: ReflactConfig, launch_dir: Path, spend, environ: dict | None)
     base_url, key_env = e.base_url or o.base_url, e.api_key_env or o.api_key_env
     key = environ.get(key_env, "")
     if not key and not base_url:
-        raise UserError(f"analysis.matcher={cfg.analysis.matcher.value}: no key for the embeddings: set the "
-                        f"environment variable {key_env}, or analysis.embedding.base_url for a local server")
+        raise UserError(
+            f"analysis.matcher={cfg.analysis.matcher.value}: no key for the embeddings: set the "
+            f"environment variable {key_env}, or analysis.embedding.base_url for a local server"
+        )
     with one_at_a_time():
         import openai
 
@@ -80,6 +89,7 @@ def _embedder(cfg: ReflactConfig, launch_dir: Path, spend, environ: dict | None)
     cache = None
     if o.cache is not CacheMode.off:
         cache = ResponseCache(Path(o.cache_path) if o.cache_path else launch_dir / "outputs" / "cache.db", o.cache)
-    embedder = Embedder(sdk, e.model, {"base_url": str(sdk.base_url)}, cache, o.prices.get(e.model), spend, o.retry,
-                        e.batch, key)
+    embedder = Embedder(
+        sdk, e.model, {"base_url": str(sdk.base_url)}, cache, o.prices.get(e.model), spend, o.retry, e.batch, key
+    )
     return embedder, [sdk.close] + ([cache.close] if cache else [])

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from reflact.imports import one_at_a_time
 
@@ -79,12 +79,16 @@ def item_key(item: object) -> Key | None:
         op = str(item["op"])
         fields = {"append": ("content",), "delete": ("target",)}.get(op, ("target", "content"))
         anchor = normalise(item.get("target")) if len(fields) == 2 else ""
-        return Key(f"edit:{op}", tuple(normalise(item.get(name)) for name in fields), collapse(item.get(fields[-1])),
-                   anchor)
+        return Key(
+            f"edit:{op}", tuple(normalise(item.get(name)) for name in fields), collapse(item.get(fields[-1])), anchor
+        )
     if "instruction" in item or "type" in item:
         title, instruction = collapse(item.get("title")), collapse(item.get("instruction"))
-        return Key(f"suggestion:{item.get('type')}", (normalise(title), normalise(instruction)),
-                   f"{title}: {instruction}" if title else instruction)
+        return Key(
+            f"suggestion:{item.get('type')}",
+            (normalise(title), normalise(instruction)),
+            f"{title}: {instruction}" if title else instruction,
+        )
     if "change_summary" in item or "new_skill" in item:
         summary = item.get("change_summary")
         joined = " ".join(map(str, summary)) if isinstance(summary, list) else summary
@@ -96,8 +100,8 @@ def item_key(item: object) -> Key | None:
 class Matched:
     """What the matches of some items come to, item by item."""
 
-    cluster: "np.ndarray"  # each item's cluster (connected components of the match graph)
-    recurs: dict[str, "np.ndarray"]  # per label: does a matching item share its `same` and differ in `other`
+    cluster: np.ndarray  # each item's cluster (connected components of the match graph)
+    recurs: dict[str, np.ndarray]  # per label: does a matching item share its `same` and differ in `other`
 
     def distinct(self) -> int:
         return len(set(self.cluster.tolist()))
@@ -124,7 +128,7 @@ def match(keys: list[Key | None], matcher, labels: dict[str, tuple[list[int], li
     return Matched(component, recurs)
 
 
-def _joined(component: "np.ndarray", a: "np.ndarray", b: "np.ndarray") -> "np.ndarray":
+def _joined(component: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The components once the pairs (a, b) are linked too."""
     with one_at_a_time():
         import numpy as np
@@ -157,7 +161,7 @@ def match_chunks(keys: list[Key | None], threshold: float):
 
     for members in blocks_of(keys):
         positions = np.asarray(members)
-        for a, b in _block_chunks([keys[i] for i in members], threshold):
+        for a, b in _block_chunks(cast("list[Key]", [keys[i] for i in members]), threshold):
             yield positions[a], positions[b]
 
 
@@ -176,10 +180,16 @@ def _block_chunks(keys: list[Key], threshold: float):
     for start in range(0, len(keys), rows):
         stop = min(start + rows, len(keys))
         reach = int(np.searchsorted(lengths, lengths[stop - 1] * stretch + 1e-9, side="right"))
-        found = None
+        found: Any = None  # the scores' mask, once the first field is scored
         for texts in fields:  # cdist leaves every score below the cutoff at 0
-            scores = process.cdist(texts[start:stop], texts[start:reach], scorer=fuzz.ratio, score_cutoff=cutoff,
-                                   dtype=np.float32, workers=-1)
+            scores = process.cdist(
+                texts[start:stop],
+                texts[start:reach],
+                scorer=fuzz.ratio,
+                score_cutoff=cutoff,
+                dtype=np.float32,
+                workers=-1,
+            )
             found = scores > 0 if found is None else found & (scores > 0)
         row, col = np.nonzero(found)
         later = col > row  # the window starts at the chunk's first row: each pair once

@@ -18,8 +18,10 @@ import math
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 # the SDK is slow to import: this module is imported only when a real client is made (--help needs none)
 import anyio
@@ -100,7 +102,7 @@ class Transport:
     """Sends chat requests through the async SDK, each bounded as a whole by `timeout_s`, and
     abandons them all on close(). Workers call post() from their own threads."""
 
-    def __init__(self, sdk: object, timeout_s: float) -> None:
+    def __init__(self, sdk: Any, timeout_s: float) -> None:
         self._sdk = sdk
         self._timeout_s = timeout_s
         self._loop = http_loop()
@@ -143,7 +145,7 @@ class Transport:
             future.cancel()
         try:
             asyncio.run_coroutine_threadsafe(self._sdk.close(), self._loop).result(timeout=CLOSE_WAIT_S)
-        except Exception as exc:  # noqa: BLE001 - the run is ending; a socket left to the OS is no failure
+        except Exception as exc:  # the run is ending; a socket left to the OS is no failure
             log.debug("closing the optimizer's connections: %s", exc)
 
 
@@ -176,10 +178,11 @@ class EndpointWatch:
         return CallError(ABANDONED, retries=retries)
 
 
+# fmt: off
 class OptimizerClient:
     """Calls, with retries, the response cache and the rate limits of `optimizer.*`."""
 
-    def __init__(self, cfg: OptimizerConfig, sdk: object, cache: ResponseCache | None = None, secret: str = "",
+    def __init__(self, cfg: OptimizerConfig, sdk: Any, cache: ResponseCache | None = None, secret: str = "",
                  endpoint: dict | None = None) -> None:
         self.cfg = cfg
         self._transport = Transport(sdk, cfg.timeout_s)
@@ -255,7 +258,7 @@ class OptimizerClient:
             retry=retry_if_exception(lambda exc: is_transient(exc) and not self._stopped()),
             stop=stop_after_attempt(self.cfg.retry.max_attempts) | stop_before_delay(self.cfg.retry.max_seconds),
             wait=wait_after(self.cfg.retry.initial_wait_s, self.cfg.retry.max_wait_s),
-            sleep=closing.wait,  # a backoff ends early when the client is closed
+            sleep=closing.wait,  # type: ignore[arg-type]  # Event.wait's bool is ignored; a backoff ends early when the client is closed
             before_sleep=lambda state: say_retry(label, state, self.cfg.retry.max_attempts, self._secret),
             reraise=True,
         )
@@ -264,7 +267,7 @@ class OptimizerClient:
             for attempt in retrying:
                 with attempt:
                     completion, started, wall, structured = self._send(logical, schema, tokens, sent)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded failed call
+        except Exception as exc:  # every failure becomes a recorded failed call
             if self._stopped():
                 raise self._watch.ended(retries=max(sent[0] - 1, 0)) from None
             raise CallError(describe_error(exc, self._secret), retries=max(sent[0] - 1, 0)) from None
@@ -319,18 +322,19 @@ class OptimizerClient:
         if field not in self._warned:  # once per field: a server that always sends it would flood the log
             self._warned.add(field)
             log.warning("the optimizer's reply: %s %s (token and cost totals may be off)", field, what)
+# fmt: on
 
 
-def endpoint_of(cfg: OptimizerConfig, sdk: object) -> dict:
+def endpoint_of(cfg: OptimizerConfig, sdk: Any) -> dict:
     """Which server answers (the SDK's resolved base URL, the default's included; for Azure also
     the deployment and API version): a reply is never served from cache for another server."""
-    endpoint = {"provider": cfg.provider.value, "base_url": str(sdk.base_url)}
+    endpoint: dict[str, str | None] = {"provider": cfg.provider.value, "base_url": str(sdk.base_url)}
     if cfg.provider is Provider.azure:
         endpoint.update(deployment=cfg.azure.deployment, api_version=cfg.azure.api_version)
     return endpoint
 
 
-def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: dict | None = None) -> OptimizerClient:
+def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: Mapping[str, str] | None = None) -> OptimizerClient:
     """The one place a client is built from `optimizer.*`; the key comes from the environment."""
     environ = os.environ if environ is None else environ
     key = environ.get(cfg.api_key_env, "")
@@ -340,14 +344,19 @@ def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: dict | None = N
             "(or optimizer.base_url for a local OpenAI-compatible server)"
         )
     # local servers usually ignore the key, but the SDK insists on one
-    common = {"api_key": key or "not-needed", "timeout": cfg.timeout_s, "max_retries": 0}
+    common: dict[str, Any] = {"api_key": key or "not-needed", "timeout": cfg.timeout_s, "max_retries": 0}
+    sdk: openai.AsyncOpenAI
     if cfg.provider is Provider.azure:
-        sdk = openai.AsyncAzureOpenAI(azure_endpoint=cfg.azure.endpoint, azure_deployment=cfg.azure.deployment,
-                                      api_version=cfg.azure.api_version, **common)
+        sdk = openai.AsyncAzureOpenAI(
+            azure_endpoint=cfg.azure.endpoint,  # type: ignore[arg-type]  # None: the SDK reads AZURE_OPENAI_ENDPOINT
+            azure_deployment=cfg.azure.deployment,
+            api_version=cfg.azure.api_version,
+            **common,
+        )
     else:
         sdk = openai.AsyncOpenAI(base_url=cfg.base_url, **common)
     # the SDK imports its chat module on first use, under a lock: done here, workers don't queue on it
-    sdk.chat.completions.with_raw_response
+    _ = sdk.chat.completions.with_raw_response
     cache = None
     if cfg.cache is not CacheMode.off:
         path = Path(cfg.cache_path) if cfg.cache_path else launch_dir / "outputs" / "cache.db"
@@ -357,8 +366,16 @@ def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: dict | None = N
 
 def is_transient(exc: BaseException) -> bool:
     # a 200 whose body is not a completion is a proxy's page or a torn response: worth another try
-    if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, openai.APIResponseValidationError,
-                        TimeoutError, MalformedReply)):
+    if isinstance(
+        exc,
+        (
+            openai.APITimeoutError,
+            openai.APIConnectionError,
+            openai.APIResponseValidationError,
+            TimeoutError,
+            MalformedReply,
+        ),
+    ):
         return True
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code in (408, 409, 429) or exc.status_code >= 500
@@ -388,13 +405,24 @@ def fault_message(cfg: OptimizerConfig, url: str, exc: BaseException, cause: str
     return f"the optimizer at {url} did not answer the first requests ({cause}): {check}"
 
 
+def _sleep_s(state: RetryCallState) -> float:
+    """The backoff before the next attempt (set whenever tenacity is about to sleep)."""
+    return state.next_action.sleep if state.next_action is not None else 0.0
+
+
 def say_retry(label: str, state: RetryCallState, attempts: int, secret: str) -> None:
     """One line per retry, so retries in progress are seen: which request, its next attempt, why."""
     exc = state.outcome.exception() if state.outcome else None
     hinted = retry_after_s(exc)
-    wait = f"Retry-After {hinted:g} s" if hinted is not None else f"waiting {state.next_action.sleep:.1f} s"
-    log.info("%s: attempt %d/%d after %s (%s)", label or "a request", state.attempt_number + 1, attempts,
-             short_cause(exc, secret), wait)
+    wait = f"Retry-After {hinted:g} s" if hinted is not None else f"waiting {_sleep_s(state):.1f} s"
+    log.info(
+        "%s: attempt %d/%d after %s (%s)",
+        label or "a request",
+        state.attempt_number + 1,
+        attempts,
+        short_cause(exc, secret),
+        wait,
+    )
 
 
 def short_cause(exc: BaseException | None, secret: str = "") -> str:

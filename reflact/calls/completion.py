@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from reflact.calls.protocol import Usage
 
@@ -72,8 +72,9 @@ def read_completion(content: bytes, warn: Callable[[str, str], None]) -> Complet
         raise MalformedReply(f"choices[0].message.content is {kind(text)}")
     if finish_reason is not None and not isinstance(finish_reason, str):
         raise MalformedReply(f"choices[0].finish_reason is {kind(finish_reason)}")
-    return Completion(clean(text or ""), clean(finish_reason) if finish_reason else finish_reason,
-                      read_usage(body.get("usage"), warn))
+    return Completion(
+        clean(text or ""), clean(finish_reason) if finish_reason else finish_reason, read_usage(body.get("usage"), warn)
+    )
 
 
 def whole_number(digits: str) -> int | float:
@@ -109,8 +110,9 @@ def first_choice(body: dict) -> tuple[dict, object]:
         raise MalformedReply(f"choices[0] is {kind(choice)}")
     message = choice.get("message")
     if not isinstance(message, dict):
-        raise MalformedReply("choices[0] has no message" if "message" not in choice
-                             else f"choices[0].message is {kind(message)}")
+        raise MalformedReply(
+            "choices[0] has no message" if "message" not in choice else f"choices[0].message is {kind(message)}"
+        )
     return message, choice.get("finish_reason")
 
 
@@ -124,9 +126,12 @@ def read_usage(usage: object, warn: Callable[[str, str], None]) -> Usage:
     completion = count(usage, "completion_tokens", "usage", warn)
     cached = detail(usage, "prompt_tokens_details", "cached_tokens", warn)
     reasoning = detail(usage, "completion_tokens_details", "reasoning_tokens", warn)
-    return Usage(prompt=prompt or 0, cached=part(cached, prompt, "usage.prompt_tokens_details.cached_tokens", warn),
-                 completion=completion or 0,
-                 reasoning=part(reasoning, completion, "usage.completion_tokens_details.reasoning_tokens", warn))
+    return Usage(
+        prompt=prompt or 0,
+        cached=part(cached, prompt, "usage.prompt_tokens_details.cached_tokens", warn),
+        completion=completion or 0,
+        reasoning=part(reasoning, completion, "usage.completion_tokens_details.reasoning_tokens", warn),
+    )
 
 
 def part(value: int | None, whole: int | None, path: str, warn: Callable[[str, str], None]) -> int:

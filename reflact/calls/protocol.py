@@ -25,7 +25,7 @@ class Usage:
     completion: int = 0
     reasoning: int = 0  # part of completion
 
-    def add(self, other: "Usage") -> None:
+    def add(self, other: Usage) -> None:
         self.prompt += other.prompt
         self.cached += other.cached
         self.completion += other.completion
@@ -66,10 +66,18 @@ class CallError(Exception):
 
 
 class Optimizer(Protocol):
-    fault: str  # "" until the endpoint is judged unusable; then why, and what to check
+    @property
+    def fault(self) -> str:  # "" until the endpoint is judged unusable; then why, and what to check
+        ...
 
-    def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None,
-                 sample: int | None = None, label: str = "") -> Reply:
+    def complete(
+        self,
+        messages: list[dict],
+        max_output_tokens: int,
+        schema: dict | None = None,
+        sample: int | None = None,
+        label: str = "",
+    ) -> Reply:
         """The model's reply to `messages`; raises CallError when the call finally failed. `sample`
         (passed only with optimizer.samples > 1) is the draw's sample index; `label` names the
         request (its minibatch) in log lines."""
@@ -98,8 +106,14 @@ class DryRunEstimator:
     def __init__(self, reply_tokens: int) -> None:
         self.reply_tokens = reply_tokens
 
-    def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None,
-                 sample: int | None = None, label: str = "") -> Reply:
+    def complete(
+        self,
+        messages: list[dict],
+        max_output_tokens: int,
+        schema: dict | None = None,
+        sample: int | None = None,
+        label: str = "",
+    ) -> Reply:
         usage = Usage(prompt=estimate_tokens(messages), completion=self.reply_tokens)
         return Reply(text="", finish_reason=None, usage=usage, latency_s=0.0, estimated=True)
 

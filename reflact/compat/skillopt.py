@@ -32,8 +32,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from reflact.compat import skillopt_settings
 from reflact.config import ReflactConfig
@@ -45,6 +45,7 @@ from reflact.replies.patches import LAPSES_ONLY
 REPLACED = "_reflact_replaced"
 
 
+# fmt: off
 def run_minibatch_reflect(
     results: list[dict],
     skill_content: str,
@@ -85,12 +86,13 @@ def run_minibatch_reflect(
                    launch_dir=run_dir)
     _count_calls(done)
     return _leave(done.patches, out)
+# fmt: on
 
 
 def _leave(saved: dict[str, dict], patches_dir: Path) -> list[dict]:
     """The patches as SkillOpt's reflect returns them, written where SkillOpt's trainer reads them."""
     patches = [as_skillopt_leaves(patch) for patch in saved.values()]
-    for tag, patch in zip(saved, patches):
+    for tag, patch in zip(saved, patches, strict=True):
         write_json(patches_dir / f"{tag}.json", patch)
     return patches
 
@@ -140,9 +142,17 @@ def as_skillopt_leaves(patch: dict) -> dict:
     and no failure patterns, so the step buffer counts them as SkillOpt's would."""
     inner = patch.get("patch")
     empty = isinstance(inner, dict) and len(inner) == 2 and not any(v for k, v in inner.items() if k != "reasoning")
-    if patch.get("source_type") == "failure" and empty and inner.get("reasoning") == LAPSES_ONLY:
-        return {"source_type": patch["source_type"], "patch": patch["patch"],
-                "appendix_notes": patch.get("appendix_notes", [])}
+    if (
+        patch.get("source_type") == "failure"
+        and empty
+        and isinstance(inner, dict)
+        and inner.get("reasoning") == LAPSES_ONLY
+    ):
+        return {
+            "source_type": patch["source_type"],
+            "patch": patch["patch"],
+            "appendix_notes": patch.get("appendix_notes", []),
+        }
     return patch
 
 
@@ -164,7 +174,7 @@ def _skill_aware(cfg: ReflactConfig, enabled: bool | None, appendix_source: str 
     if enabled is not None:
         cfg.reflect.skill_aware.enabled = enabled
     if appendix_source is not None:
-        cfg.reflect.skill_aware.appendix_source = appendix_source
+        cfg.reflect.skill_aware.appendix_source = appendix_source  # type: ignore[assignment]  # SkillOpt's string, stored as given
 
 
 def _count_calls(done) -> None:
@@ -187,8 +197,10 @@ def _count_calls(done) -> None:
 def step_buffer(step_buffer_context: str, rejection_context: str, trajectory_memory_context: str) -> str:
     """The step-buffer context from its name and its two deprecated aliases, combined as the reference
     combines them for the failure analyst (the alias `trajectory_memory_context` is appended)."""
-    for name, value in (("rejection_context", rejection_context),
-                        ("trajectory_memory_context", trajectory_memory_context)):
+    for name, value in (
+        ("rejection_context", rejection_context),
+        ("trajectory_memory_context", trajectory_memory_context),
+    ):
         if value:
             warnings.warn(f"{name} is deprecated: pass step_buffer_context", DeprecationWarning, stacklevel=3)
     context = step_buffer_context or rejection_context or ""

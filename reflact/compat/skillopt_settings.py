@@ -11,6 +11,7 @@ are never copied: reflact is told the name of the variable SkillOpt keeps the ke
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from reflact.errors import UserError
 from reflact.imports import one_at_a_time
@@ -21,7 +22,7 @@ KEY_MODES = ("api_key", "key")
 KEY_VARIABLES = ("OPTIMIZER_AZURE_OPENAI_API_KEY", "AZURE_OPENAI_OPTIMIZER_API_KEY", "AZURE_OPENAI_API_KEY")
 
 
-def endpoint_overrides(environ: dict | None = None) -> list[str]:
+def endpoint_overrides(environ: Mapping[str, str] | None = None) -> list[str]:
     """The optimizer settings as overrides: OPENAI_BASE_URL wins when set (it names a server);
     otherwise the endpoint SkillOpt's optimizer backend is configured with; with neither, reflact's
     default (OpenAI, OPENAI_API_KEY). The model is SkillOpt's optimizer deployment in every case."""
@@ -71,8 +72,10 @@ def _check_protocol() -> None:
 
     name = get_optimizer_backend()
     if name != "openai_chat":
-        raise UserError(f"SkillOpt's optimizer_backend is {name!r}: reflact speaks the OpenAI protocol only "
-                        "(openai_chat: Azure or openai_compatible); set OPENAI_BASE_URL or pass config=")
+        raise UserError(
+            f"SkillOpt's optimizer_backend is {name!r}: reflact speaks the OpenAI protocol only "
+            "(openai_chat: Azure or openai_compatible); set OPENAI_BASE_URL or pass config="
+        )
 
 
 def _backend_endpoint(backend, environ) -> list[str]:
@@ -80,14 +83,24 @@ def _backend_endpoint(backend, environ) -> list[str]:
     mode, endpoint = backend.OPTIMIZER_AUTH_MODE, backend.OPTIMIZER_ENDPOINT
     key_env = f"optimizer.api_key_env={_key_variable(backend.OPTIMIZER_API_KEY, environ)}"
     if mode in COMPATIBLE_MODES:
-        return ["optimizer=compatible", f"optimizer.base_url={endpoint.rstrip('/')}", key_env,
-                "optimizer.token_limit_param=max_completion_tokens"]  # as SkillOpt's client sends it
+        return [
+            "optimizer=compatible",
+            f"optimizer.base_url={endpoint.rstrip('/')}",
+            key_env,
+            "optimizer.token_limit_param=max_completion_tokens",
+        ]  # as SkillOpt's client sends it
     if mode in KEY_MODES:
-        return ["optimizer=azure", f"optimizer.azure.endpoint={endpoint}",
-                f"optimizer.azure.deployment={backend.OPTIMIZER_DEPLOYMENT}",
-                f"optimizer.azure.api_version={backend.OPTIMIZER_API_VERSION}", key_env]
-    raise UserError(f"SkillOpt's optimizer auth mode is {mode!r} (Azure AD token auth): reflact's client takes a "
-                    "key only; set optimizer_azure_openai_auth_mode to api_key or openai_compatible, or pass config=")
+        return [
+            "optimizer=azure",
+            f"optimizer.azure.endpoint={endpoint}",
+            f"optimizer.azure.deployment={backend.OPTIMIZER_DEPLOYMENT}",
+            f"optimizer.azure.api_version={backend.OPTIMIZER_API_VERSION}",
+            key_env,
+        ]
+    raise UserError(
+        f"SkillOpt's optimizer auth mode is {mode!r} (Azure AD token auth): reflact's client takes a "
+        "key only; set optimizer_azure_openai_auth_mode to api_key or openai_compatible, or pass config="
+    )
 
 
 def _key_variable(key: str, environ) -> str:

@@ -18,7 +18,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, cast
 
 from reflact.config import DataConfig, OnBadConversation, dataset_paths
 from reflact.errors import UserError
@@ -40,14 +40,14 @@ class Folder:
     real: Path
 
     @classmethod
-    def of(cls, path: Path) -> "Folder":
+    def of(cls, path: Path) -> Folder:
         return cls(path, Path(os.path.realpath(path)))
 
     def real_path(self, path: Path) -> str:
         """os.path.realpath(path), without looking up every component above this folder when
         nothing between it and `path` is a link (the usual case: a run folder and its files)."""
         given, name = str(self.given).rstrip(os.sep) + os.sep, str(path)
-        parts = name[len(given):].split(os.sep) if name.startswith(given) else [".."]
+        parts = name[len(given) :].split(os.sep) if name.startswith(given) else [".."]
         if ".." in parts or any(os.path.islink(given + os.sep.join(parts[: i + 1])) for i in range(len(parts))):
             return os.path.realpath(path)
         return os.path.join(self.real, *parts)
@@ -70,7 +70,7 @@ class RowFile:
             handle.seek(offset)
             raw = handle.read(length)
         try:
-            return decode_json(raw.decode("utf-8"))
+            return cast(dict, decode_json(raw.decode("utf-8")))  # a row: checked an object when first read
         except (UnicodeDecodeError, BadJSON):
             raise UserError(f"{self.path}: changed since it was checked; run again") from None
 
@@ -87,7 +87,10 @@ class Result:
     @property
     def fields(self) -> dict:
         """The whole row: the prompt's task, reason, steps and extras."""
-        return self.held if self.held is not None else self.source.read(self.offset, self.length)
+        if self.held is not None:
+            return self.held
+        assert self.source is not None  # a row not held is read back from its file
+        return self.source.read(self.offset, self.length)
 
 
 @dataclass
@@ -122,8 +125,14 @@ def load_dataset(data: DataConfig) -> Dataset:
     root = _predictions_root(data, predictions)
     name_max = _name_max(root.real)
     results = load_results(results_path, max_bytes, root=None if data.results else base, name_max=name_max)
-    dataset = Dataset(skill=skill, results=results, predictions=predictions, max_bytes=max_bytes, root=root,
-                      paths=(skill_path, results_path))
+    dataset = Dataset(
+        skill=skill,
+        results=results,
+        predictions=predictions,
+        max_bytes=max_bytes,
+        root=root,
+        paths=(skill_path, results_path),
+    )
     for result in results:
         problem = check_conversation(dataset.conversation_path(result.id), max_bytes, root)
         if problem is None:
@@ -280,8 +289,9 @@ def _too_deep(text: str) -> BadJSON:
     for token in _JSON_TOKEN.finditer(text):
         depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(token.group(), 0)
         if depth > MAX_JSON_DEPTH:
-            return BadJSON(f"not usable JSON (nested deeper than {MAX_JSON_DEPTH} levels)",
-                           text.count("\n", 0, token.start()) + 1)
+            return BadJSON(
+                f"not usable JSON (nested deeper than {MAX_JSON_DEPTH} levels)", text.count("\n", 0, token.start()) + 1
+            )
     return BadJSON(f"not usable JSON (nested deeper than {MAX_JSON_DEPTH} levels)")
 
 
@@ -314,8 +324,9 @@ def finite_number(obj: dict, key: str, where: str) -> float:
         try:
             number = float(value)
         except OverflowError:  # an integer literal beyond any float
-            raise UserError(f"{where}: '{key}' must be a number (the run's score), got an integer too large "
-                            "for a float") from None
+            raise UserError(
+                f"{where}: '{key}' must be a number (the run's score), got an integer too large for a float"
+            ) from None
     if not math.isfinite(number):
         got = "missing" if key not in obj else repr(value)
         raise UserError(f"{where}: '{key}' must be a number (the run's score), got {got}")
@@ -390,18 +401,13 @@ def check_id(value: object, where: str, name_max: int = NAME_MAX) -> str:
         run_id = str(value)
     except ValueError:  # an integer past sys.get_int_max_str_digits()
         raise UserError(f"{where}: id is too long (at most {name_max} bytes as a folder name)") from None
-    if (
-        not run_id.strip()
-        or run_id in (".", "..")
-        or "/" in run_id
-        or "\\" in run_id
-        or _CONTROL.search(run_id)
-    ):
+    if not run_id.strip() or run_id in (".", "..") or "/" in run_id or "\\" in run_id or _CONTROL.search(run_id):
         raise UserError(f"{where}: unsafe id {run_id!r} (it must be a single folder name on one line)")
     size = len(run_id.encode("utf-8"))
     if size > name_max:
-        raise UserError(f"{where}: id {run_id[:40]!r}... is {size} bytes long, over the {name_max} a folder "
-                        "name may have")
+        raise UserError(
+            f"{where}: id {run_id[:40]!r}... is {size} bytes long, over the {name_max} a folder name may have"
+        )
     return run_id
 
 
@@ -458,7 +464,7 @@ def load_trajectory(dataset: Dataset, result: Result) -> Trajectory:
     except ValueError as exc:  # it was checked before the first call: it changed since
         raise UserError(str(exc)) from None
     fields = result.fields
-    extras = {"reference_text": fields.get("reference_text")}
+    extras: dict[str, Any] = {"reference_text": fields.get("reference_text")}
     for key in EXTRA_FILES:
         value = fields.get(key)
         if not value:

@@ -132,7 +132,7 @@ def _calls(message: dict, where: str) -> list[tuple[object, str]]:
     calls = message.get("tool_calls") or []
     if not isinstance(calls, list):
         raise UserError(f"{where}: 'tool_calls' must be a list")
-    found = []
+    found: list[tuple[object, str]] = []
     for number, call in enumerate(calls, 1):
         if not isinstance(call, dict):
             raise UserError(f"{where}, tool call {number}: expected an object")
@@ -337,9 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("input", type=Path, help="the log file to read")
     parser.add_argument("dataset_dir", type=Path, help="the dataset folder to write")
-    parser.add_argument(
-        "--force", action="store_true", help="overwrite a folder that already has a results.jsonl"
-    )
+    parser.add_argument("--force", action="store_true", help="overwrite a folder that already has a results.jsonl")
     return parser
 
 
@@ -351,4 +349,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reflact: warning: {warning}", file=sys.stderr)
     print(summary(imported, args.dataset_dir))
     return 0
-

@@ -39,8 +39,9 @@ class Prompt:
 class PromptBuilder:
     """Builds the prompt of any minibatch of one run (templates and contexts resolved once)."""
 
-    def __init__(self, cfg: ReflactConfig, dataset: Dataset, mode: Mode, system: SystemPrompts,
-                 step_buffer: str, meta_skill: str) -> None:
+    def __init__(
+        self, cfg: ReflactConfig, dataset: Dataset, mode: Mode, system: SystemPrompts, step_buffer: str, meta_skill: str
+    ) -> None:
         self.dataset = dataset
         self.mode = mode
         self.system = system
@@ -56,8 +57,15 @@ class PromptBuilder:
             return Prompt([messages], ids=[[r.id for r in shown]])
         if self.overflow is ContextOverflow.split and len(shown) > 1 and not self.mode.full_rewrite:
             half = (len(shown) + 1) // 2
-            log.info("%s: ~%d prompt tokens do not fit optimizer.context_window=%d; splitting %d trajectories "
-                     "into %d + %d", tag, estimate_tokens(messages), self.window, len(shown), half, len(shown) - half)
+            log.info(
+                "%s: ~%d prompt tokens do not fit optimizer.context_window=%d; splitting %d trajectories into %d + %d",
+                tag,
+                estimate_tokens(messages),
+                self.window,
+                len(shown),
+                half,
+                len(shown) - half,
+            )
             first, second = self.build(tag, group, shown[:half]), self.build(tag, group, shown[half:])
             return Prompt(first.parts + second.parts, second.shortened or first.shortened, first.ids + second.ids)
         return self.shortened(tag, group, shown)
@@ -67,12 +75,22 @@ class PromptBuilder:
         for limit in SHORTEN_STEPS:
             messages = self.messages(group, shown, max_item_chars=limit)
             if self.fits(messages):
-                log.info("%s: items shortened to %d characters to fit optimizer.context_window=%d (~%d prompt "
-                         "tokens)", tag, limit, self.window, estimate_tokens(messages))
+                log.info(
+                    "%s: items shortened to %d characters to fit optimizer.context_window=%d (~%d prompt tokens)",
+                    tag,
+                    limit,
+                    self.window,
+                    estimate_tokens(messages),
+                )
                 return Prompt([messages], limit, [[r.id for r in shown]])
-        log.warning("%s: ~%d prompt tokens still exceed optimizer.context_window=%d with items shortened to %d "
-                    "characters (the skill and templates alone are too long?); calling anyway",
-                    tag, estimate_tokens(messages), self.window, limit)
+        log.warning(
+            "%s: ~%d prompt tokens still exceed optimizer.context_window=%d with items shortened to %d "
+            "characters (the skill and templates alone are too long?); calling anyway",
+            tag,
+            estimate_tokens(messages),
+            self.window,
+            limit,
+        )
         return Prompt([messages], limit, [[r.id for r in shown]])
 
     def fits(self, messages: list[dict]) -> bool:
@@ -82,8 +100,9 @@ class PromptBuilder:
         blocks = []
         for position, result in enumerate(shown, 1):
             t = load_trajectory(self.dataset, result)
-            blocks.append(render_block(position, len(shown), result.id, t.fields, t.extras, t.conversation,
-                                       max_item_chars))
+            blocks.append(
+                render_block(position, len(shown), result.id, t.fields, t.extras, t.conversation, max_item_chars)
+            )
         system = self.system.failure if group == "failure" else self.system.success
         step_buffer, meta_skill = self.contexts
         user = user_message(self.dataset.skill, self.mode, self.budget, group, blocks, step_buffer, meta_skill)

@@ -63,7 +63,7 @@ def plan_minibatches(results: list[Result], reflect: ReflectConfig) -> list[Mini
     failures, successes = split(results, reflect.success_threshold, reflect.failure_only)
     seeds = {"failure": reflect.seed, "success": reflect.seed + 1}
     plan = []
-    for group, members in zip(GROUPS, (failures, successes)):
+    for group, members in zip(GROUPS, (failures, successes), strict=True):
         batches = chunks(shuffled(members, seeds[group]), reflect.minibatch_size)
         plan += [Minibatch(group, index, batch) for index, batch in enumerate(batches)]
     return plan

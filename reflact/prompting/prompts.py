@@ -90,6 +90,13 @@ def load_template(name: str, prompts_dir: Path = PROMPTS_DIR) -> str | None:
     return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
+def _required(text: str | None, key: str, name: str, prompts_dir: Path) -> str:
+    """A template the prompt cannot go without."""
+    if text is None:
+        raise UserError(f"{key}: no template {name}.md in {prompts_dir}")
+    return text
+
+
 def resolve_system_prompts(
     overrides: dict[str, str | None], mode: Mode, reflect: ReflectConfig, prompts_dir: Path = PROMPTS_DIR
 ) -> SystemPrompts:
@@ -109,10 +116,12 @@ def resolve_system_prompts(
         if text is None:
             raise UserError(f"{key}: no template {base}.md in {prompts_dir}")
         if notes_allowed[group]:
-            addition = load_template(f"skill_aware_{'error' if group == 'failure' else 'success'}", prompts_dir)
+            name = f"skill_aware_{'error' if group == 'failure' else 'success'}"
+            addition = _required(load_template(name, prompts_dir), key, name, prompts_dir)
             text = f"{text.rstrip()}\n\n{addition.strip()}\n"
         if reflect.provenance:  # the shipped text when a prompts folder of one's own lacks it
-            addition = load_template(PROVENANCE_TEMPLATE, prompts_dir) or load_template(PROVENANCE_TEMPLATE)
+            found = load_template(PROVENANCE_TEMPLATE, prompts_dir) or load_template(PROVENANCE_TEMPLATE)
+            addition = _required(found, key, PROVENANCE_TEMPLATE, PROMPTS_DIR)
             text = f"{text.rstrip()}\n\n{addition.strip()}\n"
         texts[group] = text
     return SystemPrompts(failure=texts["failure"], success=texts["success"], notes_allowed=notes_allowed)
@@ -129,8 +138,10 @@ def budget_section(mode: Mode, budget: int) -> str:
         line = f"There is no fixed limit on the number of {mode.label}; propose as many as the evidence supports."
     elif budget == 0:
         # L = 0 keeps no item (SPEC 2.6): ask for the analysis alone rather than for work thrown away
-        line = (f"The budget is L=0: propose no {mode.label} and leave 'patch.{mode.payload_key}' empty; "
-                "the rest of the reply, your analysis of the trajectories, is still wanted.")
+        line = (
+            f"The budget is L=0: propose no {mode.label} and leave 'patch.{mode.payload_key}' empty; "
+            "the rest of the reply, your analysis of the trajectories, is still wanted."
+        )
     else:
         line = f"Produce at most L={budget} {mode.label}."
     return f"## {mode.budget_heading}\n{line}"

@@ -62,7 +62,8 @@ def apply_edit(text: str, edit: object, index: int = 0) -> tuple[str, EditStatus
     problem = _field_problem(edit, op)
     if problem:
         return text, EditStatus(index, op_name, SKIPPED, problem)
-    content = edit.get("content")
+    op = op_name  # a known op from here on
+    content: str = edit.get("content") or ""  # None only for an op without content
     if op == "append":
         return append(text, content), EditStatus(index, op, APPLIED)
     target = edit["target"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, cast
 
 from pydantic import ValidationError
 
@@ -53,7 +55,8 @@ def failure_summary(raw: object) -> list[dict]:
             count = len(named) if isinstance(named, list) and named else 1
         kind = entry.get("failure_type") or entry.get("pattern") or entry.get("name") or ""
         description = entry.get("description") or " ".join(
-            str(entry[k]) for k in ("root_cause", "evidence") if isinstance(entry.get(k), str) and entry[k])
+            str(entry[k]) for k in ("root_cause", "evidence") if isinstance(entry.get(k), str) and entry[k]
+        )
         out.append({**entry, "failure_type": str(kind), "count": count, "description": str(description)})
     return out
 
@@ -93,8 +96,9 @@ def _checked_patch(obj: dict, mode: Mode, budget: int) -> CheckedReply:
         kept = cut(items, budget)
     for index, item in enumerate(kept):
         _check_item(item, index, mode)
-    return CheckedReply(obj={**obj, "patch": {**patch, mode.payload_key: kept}}, proposed=len(items),
-                        kept=len(kept))
+    return CheckedReply(
+        obj={**obj, "patch": {**cast(dict, patch), mode.payload_key: kept}}, proposed=len(items), kept=len(kept)
+    )
 
 
 def _notes_only(obj: dict, mode: Mode, why: str) -> CheckedReply:
@@ -103,8 +107,7 @@ def _notes_only(obj: dict, mode: Mode, why: str) -> CheckedReply:
     on disk)."""
     sent = obj.get("patch")
     if sent is None:
-        return CheckedReply(obj={**obj, "patch": {"reasoning": LAPSES_ONLY, mode.payload_key: []}},
-                            proposed=0, kept=0)
+        return CheckedReply(obj={**obj, "patch": {"reasoning": LAPSES_ONLY, mode.payload_key: []}}, proposed=0, kept=0)
     reasoning = sent.get("reasoning") if isinstance(sent, dict) else None
     patch = {"reasoning": reasoning if isinstance(reasoning, str) else "", mode.payload_key: [], "unusable": why}
     return CheckedReply(obj={**obj, "patch": patch}, proposed=0, kept=0)
@@ -133,7 +136,7 @@ def _check_item(item: object, index: int, mode: Mode) -> None:
         raise ReplyError(f"{where}: {problems}") from None
 
 
-def _describe(err: dict) -> str:
+def _describe(err: Mapping[str, Any]) -> str:
     field = ".".join(str(part) for part in err.get("loc", ()))
     message = err.get("msg", "invalid").removeprefix("Value error, ")
     return f"{field}: {message}" if field else message

@@ -21,10 +21,11 @@ def with_support_ids(checked: CheckedReply, mode: Mode, ids: list[str]) -> Check
     """The checked reply with `supporting_ids` on each kept item; a ReplyError (asked again) for a
     position that is not one of the `ids` shown in this call."""
     key = mode.payload_key
-    items = [_item_support(item, f"patch.{key}[{index}].{SUPPORT_FIELD}", ids)
-             for index, item in enumerate(checked.obj["patch"][key])]
-    return CheckedReply({**checked.obj, "patch": {**checked.obj["patch"], key: items}}, checked.proposed,
-                        checked.kept)
+    items = [
+        _item_support(item, f"patch.{key}[{index}].{SUPPORT_FIELD}", ids)
+        for index, item in enumerate(checked.obj["patch"][key])
+    ]
+    return CheckedReply({**checked.obj, "patch": {**checked.obj["patch"], key: items}}, checked.proposed, checked.kept)
 
 
 def _item_support(item: dict, where: str, ids: list[str]) -> dict:
@@ -36,8 +37,10 @@ def _item_support(item: dict, where: str, ids: list[str]) -> dict:
     for value in raw:
         position = _position(value, ids)
         if position is None:
-            raise ReplyError(f"{where}: {str(value)[:40]!r} is not a trajectory number; use the numbers 1 to "
-                             f"{len(ids)} of the headings 'Trajectory i of {len(ids)}'")
+            raise ReplyError(
+                f"{where}: {str(value)[:40]!r} is not a trajectory number; use the numbers 1 to "
+                f"{len(ids)} of the headings 'Trajectory i of {len(ids)}'"
+            )
         if not 1 <= position <= len(ids):
             raise ReplyError(f"{where}: {position} is out of range; this batch has trajectories 1 to {len(ids)}")
         if ids[position - 1] not in chosen:
@@ -84,6 +87,8 @@ class SupportTally:
         return sorted(self.shown - self.named)
 
     def counts(self) -> dict:
-        return {"edits_supported": self.supported,
-                "support_share": round(self.supported / self.kept, 6) if self.kept else 0.0,
-                "trajectories_unused": len(self.shown - self.named)}
+        return {
+            "edits_supported": self.supported,
+            "support_share": round(self.supported / self.kept, 6) if self.kept else 0.0,
+            "trajectories_unused": len(self.shown - self.named),
+        }

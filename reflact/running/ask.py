@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 from reflact.calls.protocol import CallError, Optimizer, Reply
 from reflact.config import Price
@@ -97,12 +97,13 @@ class Asker:
     stopping: threading.Event  # set on Ctrl-C or SIGTERM: no new request starts
     provenance: bool = False  # items must name the trajectories they stand on (reflact.replies.provenance)
 
+    # fmt: off
     def ask(self, tag: str, group: str, messages: list[dict], numbered_after: int,
-            keep: Callable[[int, Reply], None], ids: list[str] = (), sample: int | None = None) -> Asked:
+            keep: Callable[[int, Reply], None], ids: Sequence[str] = (), sample: int | None = None) -> Asked:
         """Requests until a reply is usable; `keep(number, reply)` records each reply as it comes.
         Requests are numbered on from `numbered_after` (the earlier parts' requests). `ids`: the
         trajectories shown, in order (for provenance); `sample`: the draw's sample index, or None."""
-        tally, conversation, replies = Tally(), list(messages), []
+        tally, conversation, replies = Tally(), list(messages), list[Reply]()
         allowance, parse = self.allowance, ""
         started = time.monotonic()
         try:
@@ -133,6 +134,7 @@ class Asker:
             return Asked("failed", tally, parse=parse, error=f"no usable reply: {parse}")
         finally:
             tally.latency_s = round(time.monotonic() - started, 3)
+    # fmt: on
 
     def _checked(self, text: str, group: str, ids: list[str]) -> CheckedReply:
         """The reply's patch, checked; with provenance, each item's trajectory numbers mapped to ids."""
@@ -146,8 +148,16 @@ class Asker:
         allowance = min(2 * allowance, self.ceiling)
         return f"cut off by the output-token limit; asking again with {allowance}", allowance
 
-    def _request(self, tag: str, number: int, group: str, conversation: list[dict], allowance: int,
-                 tally: Tally, sample: int | None = None) -> Reply | Asked:
+    def _request(
+        self,
+        tag: str,
+        number: int,
+        group: str,
+        conversation: list[dict],
+        allowance: int,
+        tally: Tally,
+        sample: int | None = None,
+    ) -> Reply | Asked:
         """One request; an Asked when the conversation must end here (stopping, cost limit, failed call)."""
         if self.stopping.is_set():
             return Asked("failed", tally, error="stopped: the run was interrupted before this request")
@@ -186,9 +196,17 @@ class Asker:
             tally.calls += 1
             tally.retries += reply.retries
             tally.spent_usd += cost
-        tally.call_log.append({
-            "started_at": reply.started_at, "latency_s": round(reply.latency_s, 3), "from_cache": reply.from_cache,
-            "finish_reason": reply.finish_reason, "max_output_tokens": allowance, "structured": reply.structured,
-            "retries": reply.retries, "usage": asdict(reply.usage), "messages": messages,
-        })
+        tally.call_log.append(
+            {
+                "started_at": reply.started_at,
+                "latency_s": round(reply.latency_s, 3),
+                "from_cache": reply.from_cache,
+                "finish_reason": reply.finish_reason,
+                "max_output_tokens": allowance,
+                "structured": reply.structured,
+                "retries": reply.retries,
+                "usage": asdict(reply.usage),
+                "messages": messages,
+            }
+        )
         return cost

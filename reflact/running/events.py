@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from reflact.calls.protocol import Reply
 from reflact.prompting.plan import Minibatch
@@ -73,5 +73,5 @@ class Publisher:
         for observer in self.observers:
             try:
                 observer(event)
-            except Exception:  # noqa: BLE001 - an observer's bug must not cost a call or a patch
+            except Exception:  # an observer's bug must not cost a call or a patch
                 log.exception("an observer failed on %s; the run goes on", type(event).__name__)

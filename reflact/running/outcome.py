@@ -24,7 +24,7 @@ class Tally:
     latency_s: float = 0.0
     call_log: list[dict] = field(default_factory=list)  # one record per request or cache hit
 
-    def add(self, other: "Tally") -> None:
+    def add(self, other: Tally) -> None:
         self.calls += other.calls
         self.failed_calls += other.failed_calls
         self.reasks += other.reasks

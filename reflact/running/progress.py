@@ -51,8 +51,15 @@ class Progress:
         draws = f" x {k} draws" if k > 1 else ""
         log.info(
             "reflect: %d minibatches%s (%d failure, %d success), M=%d L=%d mode=%s workers=%d%s",
-            self.total // k, draws, n_fail, self.total // k - n_fail, r.minibatch_size, r.edit_budget,
-            self.mode.name, r.workers, " (dry run: no calls)" if self.cfg.optimizer.dry_run else "",
+            self.total // k,
+            draws,
+            n_fail,
+            self.total // k - n_fail,
+            r.minibatch_size,
+            r.edit_budget,
+            self.mode.name,
+            r.workers,
+            " (dry run: no calls)" if self.cfg.optimizer.dry_run else "",
         )
 
     def _replied(self, event: Replied) -> None:
@@ -76,6 +83,15 @@ class Progress:
         log.info(
             # no "[n/m]" counter: a trainer calling reflact logs its own stage tags that way
             "reflact: %*d of %d ended, %s (%d trajs): %s%s | failed %d, in flight %d, %s tokens, %s",
-            len(str(self.total)), self.ended, self.total, o.tag, o.analysed, detail, extras,
-            self.failed, self.in_flight, f"{self.tokens:,}", f"${self.spent:.4f}" if self.priced else "cost unknown",
+            len(str(self.total)),
+            self.ended,
+            self.total,
+            o.tag,
+            o.analysed,
+            detail,
+            extras,
+            self.failed,
+            self.in_flight,
+            f"{self.tokens:,}",
+            f"${self.spent:.4f}" if self.priced else "cost unknown",
         )

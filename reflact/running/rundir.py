@@ -25,9 +25,10 @@ import fcntl
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Iterator
+from typing import TypeGuard
 
 from pydantic import ValidationError
 
@@ -48,6 +49,7 @@ HYDRA = ".hydra"
 USAGE_FIELDS = {f.name for f in fields(Usage)}
 
 
+# fmt: off
 class RunDir:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -197,13 +199,14 @@ class RunDir:
 
     def write_mlflow_record(self, record: dict) -> None:
         write_json(self / MLFLOW_RUN, record)
+# fmt: on
 
 
 # ---------------------------------------------------------------------- shapes of what is read back
 
 
 @contextlib.contextmanager
-def locked(run_dir: "RunDir"):
+def locked(run_dir: RunDir):
     """One process per run dir at a time: a second one (two shells, a double launch) would pay
     for every call twice. The lock (`.lock`, holding the pid) goes with the process, however it ends."""
     run_dir.root.mkdir(parents=True, exist_ok=True)
@@ -213,8 +216,10 @@ def locked(run_dir: "RunDir"):
         except BlockingIOError:
             handle.seek(0)
             other = handle.read().strip()
-            raise UserError(f"{run_dir.root} is in use by another reflact process{f' (pid {other})' if other else ''}"
-                            ": wait for it to end, or give this run its own hydra.run.dir") from None
+            raise UserError(
+                f"{run_dir.root} is in use by another reflact process{f' (pid {other})' if other else ''}"
+                ": wait for it to end, or give this run its own hydra.run.dir"
+            ) from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
@@ -243,10 +248,14 @@ def _amount(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
 
 
-def _patch_ok(saved: object) -> bool:
+def _patch_ok(saved: object) -> TypeGuard[dict]:
     """What every saved patch has, whatever the mode: its fingerprint, count and patch object."""
-    return (isinstance(saved, dict) and isinstance(saved.get("fingerprint"), str)
-            and _count(saved.get("n_proposed")) and isinstance(saved.get("patch"), dict))
+    return (
+        isinstance(saved, dict)
+        and isinstance(saved.get("fingerprint"), str)
+        and _count(saved.get("n_proposed"))
+        and isinstance(saved.get("patch"), dict)
+    )
 
 
 def _kept_items_ok(items: object, payload_key: str) -> bool:
@@ -262,14 +271,18 @@ def _kept_items_ok(items: object, payload_key: str) -> bool:
     return True
 
 
-def _outcome_ok(saved: object) -> bool:
+def _outcome_ok(saved: object) -> TypeGuard[dict]:
     """Figures a resumed patch takes over: absent ones count as zero, damaged ones void the record."""
     if not isinstance(saved, dict):
         return False
     usage = saved.get("usage", {})
-    return (isinstance(usage, dict) and set(usage) <= USAGE_FIELDS and all(map(_count, usage.values()))
-            and _count(saved.get("reasks", 0))
-            and all(_amount(saved.get(key, 0)) for key in ("cost_usd", "latency_s")))
+    return (
+        isinstance(usage, dict)
+        and set(usage) <= USAGE_FIELDS
+        and all(map(_count, usage.values()))
+        and _count(saved.get("reasks", 0))
+        and all(_amount(saved.get(key, 0)) for key in ("cost_usd", "latency_s"))
+    )
 
 
 def fingerprint(cfg: ReflactConfig, messages: list[dict], draw: int = 0) -> str:
@@ -295,11 +308,11 @@ def fingerprint(cfg: ReflactConfig, messages: list[dict], draw: int = 0) -> str:
 class SweepDir:
     """A multirun's folder: its jobs' run dirs, plus
 
-        mlflow_parent.json   the sweep's MLflow parent run
-        sweep.json           the settings its jobs share (and those they sweep)
-        failed_jobs/<n>.json each job of the latest multirun that failed: its number, overrides,
-                             run dir and why (the multirun's end names them)
-        report/              the grid report
+    mlflow_parent.json   the sweep's MLflow parent run
+    sweep.json           the settings its jobs share (and those they sweep)
+    failed_jobs/<n>.json each job of the latest multirun that failed: its number, overrides,
+                         run dir and why (the multirun's end names them)
+    report/              the grid report
     """
 
     def __init__(self, root: Path) -> None:
@@ -349,6 +362,6 @@ class SweepDir:
         return found
 
     @classmethod
-    def holding(cls, run_dir: Path) -> "SweepDir | None":
+    def holding(cls, run_dir: Path) -> SweepDir | None:
         """The sweep a run dir belongs to: the nearest folder above it that is a sweep dir."""
         return next((cls(folder) for folder in Path(run_dir).resolve().parents if cls(folder).is_sweep()), None)

@@ -67,6 +67,7 @@ class Ready:
     fingerprint: str
 
 
+# fmt: off
 class Stage:
     """One run of the reflect stage over a dataset, writing into `run_dir`."""
 
@@ -172,7 +173,7 @@ class Stage:
         """The conversation(s) of a prepared minibatch, then its record and patch."""
         outcome, tally, asked = ready.outcome, Tally(), []
         sample = self.cfg.optimizer.sample + ready.mb.draw if self.cfg.optimizer.samples > 1 else None
-        for part, ids in zip(ready.prompt.parts, ready.prompt.ids):
+        for part, ids in zip(ready.prompt.parts, ready.prompt.ids, strict=True):
             one = self.asker.ask(outcome.tag, outcome.group, part, len(tally.call_log), self._keep(outcome.tag),
                                  ids, sample)
             tally.add(one.tally)
@@ -208,3 +209,4 @@ class Stage:
             "n_proposed": merged.proposed,
             "fingerprint": ready.fingerprint,
         }
+# fmt: on

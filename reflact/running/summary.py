@@ -52,12 +52,15 @@ def run_status(counts: dict, cfg: ReflactConfig, outcomes: list[Outcome], run_di
     if fault and nothing_made:
         return "FAILED", fault
     if counts["minibatches"] > counts["minibatches_skipped"] and nothing_made:
-        return "FAILED", (f"no minibatch produced a patch ({counts['minibatches_failed']} failed, "
-                          f"{counts['minibatches_not_run']} not run{first}); check optimizer.base_url, optimizer.model "
-                          f"and the key in ${cfg.optimizer.api_key_env}, then {rerun}")
+        return "FAILED", (
+            f"no minibatch produced a patch ({counts['minibatches_failed']} failed, "
+            f"{counts['minibatches_not_run']} not run{first}); check optimizer.base_url, optimizer.model "
+            f"and the key in ${cfg.optimizer.api_key_env}, then {rerun}"
+        )
     if failed and not cfg.reflect.allow_failed_minibatches:
-        return "FAILED", (f"{len(failed)} minibatch(es) failed and reflect.allow_failed_minibatches=false{first}; "
-                          f"{rerun}")
+        return "FAILED", (
+            f"{len(failed)} minibatch(es) failed and reflect.allow_failed_minibatches=false{first}; {rerun}"
+        )
     return "FINISHED", ""
 
 
@@ -126,8 +129,16 @@ def kept_rows(outcome: Outcome, patch: dict, mode: Mode, preview: Preview | None
     return rows
 
 
-def summarize(run_dir: RunDir, cfg: ReflactConfig, dataset: Dataset, mode: Mode, outcomes: list[Outcome],
-              template_hashes: dict, started: float, clock) -> dict:
+def summarize(
+    run_dir: RunDir,
+    cfg: ReflactConfig,
+    dataset: Dataset,
+    mode: Mode,
+    outcomes: list[Outcome],
+    template_hashes: dict,
+    started: float,
+    clock,
+) -> dict:
     """Writes the previews, kept items, summary and report; returns the summary.
     `started` is when the run started by `clock` (epoch seconds: time.time)."""
     previews: dict[str, Preview] = {}
@@ -152,8 +163,15 @@ def summarize(run_dir: RunDir, cfg: ReflactConfig, dataset: Dataset, mode: Mode,
     return summary
 
 
-def make_summary(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], previews: dict[str, Preview],
-                 template_hashes: dict, wall_time_s: float, support: SupportTally | None = None) -> dict:
+def make_summary(
+    cfg: ReflactConfig,
+    dataset: Dataset,
+    outcomes: list[Outcome],
+    previews: dict[str, Preview],
+    template_hashes: dict,
+    wall_time_s: float,
+    support: SupportTally | None = None,
+) -> dict:
     run_counts = counts(cfg, dataset, outcomes, wall_time_s)
     if cfg.reflect.update_mode == "patch":
         run_counts.update(apply_metrics(run_apply_counts(previews)))
@@ -166,8 +184,12 @@ def make_summary(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], 
         "cost_known": priced(cfg),  # false: the model has no price, cost_usd and spent_usd are null
         "skipped": dataset.skipped,
         "minibatches": [
-            {**asdict(o), **unknown, "truncated": o.truncated,
-             "apply": previews[o.tag].counts if o.tag in previews else {}}
+            {
+                **asdict(o),
+                **unknown,
+                "truncated": o.truncated,
+                "apply": previews[o.tag].counts if o.tag in previews else {},
+            }
             for o in outcomes
         ],
     }

@@ -7,9 +7,10 @@ Runs after every multirun (from the sweep callback) and by hand for any sweep in
 SWEEP_ID is the sweep's folder as tagged on its runs (e.g. outputs/sweeps/demo). A cell's figures
 are over its FINISHED jobs only; beside them, how many of its jobs finished, failed (FAILED, KILLED,
 left RUNNING) or are missing (fewer than the fullest cell has, or none), and a cell without a
-finished job says failed or missing instead of a figure. Next to M and L come the analysis figures (reflact.analysis.figures): agreement over draws, redundancy and distinct items
-(mean and spread of the jobs' metrics), and the seed agreement of the cell, computed from the jobs'
-run dirs when they are on this machine (else left empty) and logged to the parent run.
+finished job says failed or missing instead of a figure. Next to M and L come the analysis figures
+(reflact.analysis.figures): agreement over draws, redundancy and distinct items (mean and spread of
+the jobs' metrics), and the seed agreement of the cell, computed from the jobs' run dirs when they
+are on this machine (else left empty) and logged to the parent run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 from pathlib import Path
+from typing import Any
 
 from reflact.errors import UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
@@ -42,10 +44,19 @@ def sweep_runs(client, sweep_id: str):
     experiments = [e.experiment_id for e in client.search_experiments(max_results=PAGE)]
     rows, token = [], None
     while True:
-        page = client.search_runs(experiments, filter_string=f"tags.`reflact.sweep_id` = '{sweep_id}'",
-                                  max_results=PAGE, page_token=token)
-        rows += [{"run_id": r.info.run_id, "status": r.info.status, "run_dir": r.data.tags.get("reflact.run_dir"),
-                  **r.data.metrics} for r in page if r.data.tags.get("reflact.sweep_parent") != "true"]
+        page = client.search_runs(
+            experiments, filter_string=f"tags.`reflact.sweep_id` = '{sweep_id}'", max_results=PAGE, page_token=token
+        )
+        rows += [
+            {
+                "run_id": r.info.run_id,
+                "status": r.info.status,
+                "run_dir": r.data.tags.get("reflact.run_dir"),
+                **r.data.metrics,
+            }
+            for r in page
+            if r.data.tags.get("reflact.sweep_parent") != "true"
+        ]
         token = page.token
         if not token:
             return pd.DataFrame(rows)
@@ -54,8 +65,17 @@ def sweep_runs(client, sweep_id: str):
 def derived(runs):
     """The report's metrics from a DataFrame of run metrics (a missing one counts as 0, but for the
     cost: a run of an unpriced model logs none, and its cost is unknown, not 0)."""
-    m = runs.reindex(columns=["edits_kept", "edits_truncated", "reasks", "minibatches_failed", "tokens_prompt",
-                              "tokens_completion", "wall_time_s"]).fillna(0.0)
+    m = runs.reindex(
+        columns=[
+            "edits_kept",
+            "edits_truncated",
+            "reasks",
+            "minibatches_failed",
+            "tokens_prompt",
+            "tokens_completion",
+            "wall_time_s",
+        ]
+    ).fillna(0.0)
     m = m.assign(parse_failures=m.reasks + m.minibatches_failed, tokens=m.tokens_prompt + m.tokens_completion)
     return m.join(runs.reindex(columns=list(UNFILLED)))
 
@@ -73,8 +93,11 @@ def grid_rows(runs) -> list[dict]:
         return []
     runs = runs.dropna(subset=["M", "L", "mode"])
     cells = derived(runs)[[*ANALYSED, *METRICS]].assign(
-        mode=[mode_by_number(int(n)).name for n in runs["mode"]], M=runs["M"].astype(int), L=runs["L"].astype(int),
-        done=runs["status"] == "FINISHED" if "status" in runs else True)
+        mode=[mode_by_number(int(n)).name for n in runs["mode"]],
+        M=runs["M"].astype(int),
+        L=runs["L"].astype(int),
+        done=runs["status"] == "FINISHED" if "status" in runs else True,
+    )
     groups = dict(iter(cells.groupby(["mode", "M", "L"], sort=True)))
     fullest = max(len(group) for group in groups.values())
     rows = []
@@ -85,11 +108,18 @@ def grid_rows(runs) -> list[dict]:
 
 
 def _cell_row(mode: str, M: int, L: int, group, fullest: int) -> dict:
-    done = group[group["done"]] if group is not None else None
+    done: Any = group[group["done"]] if group is not None else None
     n_done, n_jobs = (0, 0) if group is None else (len(done), len(group))
     # the seed agreement is one figure per cell, filled in from the run dirs (add_seed_agreement)
-    row = {"mode": mode, "M": int(M), "L": int(L), "finished": n_done, "failed": n_jobs - n_done,
-           "missing": fullest - n_jobs, SEED_AGREEMENT: float("nan")}
+    row = {
+        "mode": mode,
+        "M": int(M),
+        "L": int(L),
+        "finished": n_done,
+        "failed": n_jobs - n_done,
+        "missing": fullest - n_jobs,
+        SEED_AGREEMENT: float("nan"),
+    }
     for metric in (*ANALYSED, *METRICS):
         mean = spread = float("nan")  # no finished job: no figure
         if n_done:
@@ -129,16 +159,24 @@ def write_table(rows: list[dict], out: Path) -> tuple[Path, Path]:
     header = ["mode", "M", "L", "jobs finished/failed/missing", "matcher", *PANELS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [row["mode"], str(row["M"]), str(row["L"]), "/".join(str(row[key]) for key in JOBS),
-                 row.get("matcher", "–")]
+        cells = [
+            row["mode"],
+            str(row["M"]),
+            str(row["L"]),
+            "/".join(str(row[key]) for key in JOBS),
+            row.get("matcher", "–"),
+        ]
         cells += [_shown(row, metric, "{:.4g} ± {:.2g}") for metric in PANELS]
         lines.append("| " + " | ".join(cells) + " |")
-    md_path.write_text("Mean ± standard deviation over each cell's finished jobs (seeds); seed_agreement is one "
-                       "figure per cell; a cell with no finished job shows failed or missing (missing: fewer jobs "
-                       "than the fullest cell); – where a figure is not defined (agreement needs "
-                       "optimizer.samples >= 2, apply_share patch mode, seed agreement two seeds and the run "
-                       "dirs); matcher: the one the jobs' analyses used for agreement, redundancy and distinct "
-                       "edits (seed_agreement here is lexical).\n\n" + "\n".join(lines) + "\n", encoding="utf-8")
+    md_path.write_text(
+        "Mean ± standard deviation over each cell's finished jobs (seeds); seed_agreement is one "
+        "figure per cell; a cell with no finished job shows failed or missing (missing: fewer jobs "
+        "than the fullest cell); – where a figure is not defined (agreement needs "
+        "optimizer.samples >= 2, apply_share patch mode, seed agreement two seeds and the run "
+        "dirs); matcher: the one the jobs' analyses used for agreement, redundancy and distinct "
+        "edits (seed_agreement here is lexical).\n\n" + "\n".join(lines) + "\n",
+        encoding="utf-8",
+    )
     return csv_path, md_path
 
 
@@ -178,9 +216,9 @@ def write_picture(rows: list[dict], out: Path) -> list[Path]:
     for mode in sorted({r["mode"] for r in rows}):
         cells = [r for r in rows if r["mode"] == mode]
         fig, axes = plt.subplots(3, 4, figsize=(17, 11))
-        for ax, metric in zip(axes.flat, PANELS):
+        for ax, metric in zip(axes.flat, PANELS, strict=False):
             _heatmap(fig, ax, cells, metric)
-        for ax in axes.flat[len(PANELS):]:
+        for ax in axes.flat[len(PANELS) :]:
             ax.axis("off")
         fig.suptitle(f"{mode}: mean ± std over each cell's finished jobs")
         fig.tight_layout()
@@ -251,4 +289,3 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"no runs tagged reflact.sweep_id={args.sweep_id} in {args.tracking_uri}")
     print("\n".join(str(p) for p in paths))
     return 0
-

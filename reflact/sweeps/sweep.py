@@ -56,8 +56,13 @@ class MlflowSweep(Callback):
         if job_return.status != JobStatus.FAILED or not isinstance(failure, JobFailed):
             return
         SweepDir(Path(config.hydra.sweep.dir).resolve()).write_failed_job(
-            int(config.hydra.job.num), {"overrides": list(config.hydra.overrides.task),
-                                        "run_dir": config.hydra.runtime.output_dir, "reason": str(failure)})
+            int(config.hydra.job.num),
+            {
+                "overrides": list(config.hydra.overrides.task),
+                "run_dir": config.hydra.runtime.output_dir,
+                "reason": str(failure),
+            },
+        )
         job_return.status = JobStatus.COMPLETED
         job_return.return_value = failure
 
@@ -86,8 +91,7 @@ class MlflowSweep(Callback):
             store.client.update_run(store.run_id, status="RUNNING")  # the same sweep again: resume its parent
         else:
             sid = sweep_id(sweep_dir, launch_dir)
-            store.create(f"sweep {config.name}", {"reflact.sweep_id": sid, "reflact.sweep_parent": "true"},
-                         _now_ms())
+            store.create(f"sweep {config.name}", {"reflact.sweep_id": sid, "reflact.sweep_parent": "true"}, _now_ms())
             sweep.write_parent_record({"run_id": store.run_id, "tracking_uri": store.uri, "sweep_id": sid})
             store.log_params({**fixed, **{key: ",".join(values) for key, values in swept.items()}})
             log.info("MLflow parent run %s for sweep %s", store.run_id, sid)
@@ -99,10 +103,11 @@ class MlflowSweep(Callback):
             store, sweep = self._open
             try:
                 self._end(status_of_children(store, sweep, failed=True))
-            except Exception as exc:  # noqa: BLE001 - the process is ending: say so, do not raise
+            except Exception as exc:  # the process is ending: say so, do not raise
                 log.warning("could not end the sweep's MLflow parent run %s: %s", store.run_id, exc)
 
     def _end(self, status: str) -> None:
+        assert self._open is not None  # called only while the parent is open
         store, _ = self._open
         self._open = None
         store.end(status, _now_ms())
@@ -154,12 +159,17 @@ def check_identity(sweep: SweepDir, fixed: dict[str, str], swept: dict[str, list
     may_vary = set(GRID_AXES) | set(earlier.get("swept", {})) | set(swept)
     # a setting set on one side only differs too (params leave unset settings out); a dir made
     # before a setting counted as unchanging may still hold it: it is not compared
-    differing = [k for k in sorted(set(old) | set(fixed))
-                 if old.get(k) != fixed.get(k) and k not in may_vary and not unchanging(k)]
+    differing = [
+        k
+        for k in sorted(set(old) | set(fixed))
+        if old.get(k) != fixed.get(k) and k not in may_vary and not unchanging(k)
+    ]
     if earlier and differing:
         shown = "; ".join(f"{k}: {old.get(k, 'unset')!r} there, {fixed.get(k, 'unset')!r} now" for k in differing[:3])
-        raise UserError(f"{sweep.root} holds a sweep with other fixed settings ({shown}); give this sweep its own "
-                        "name=... (or hydra.sweep.dir=...)")
+        raise UserError(
+            f"{sweep.root} holds a sweep with other fixed settings ({shown}); give this sweep its own "
+            "name=... (or hydra.sweep.dir=...)"
+        )
     old = {k: v for k, v in old.items() if not unchanging(k)}
     sweep.write_identity({"fixed": {**old, **fixed}, "swept": {**earlier.get("swept", {}), **swept}})
 
@@ -167,8 +177,10 @@ def check_identity(sweep: SweepDir, fixed: dict[str, str], swept: dict[str, list
 def failed_jobs_line(failed: list[dict], sweep: SweepDir) -> str:
     """The failed jobs, by number and overrides, with what to do: one line."""
     shown = "; ".join(f"#{r['job']} {' '.join(r.get('overrides', []))} ({r.get('reason', '')})" for r in failed)
-    return (f"{len(failed)} job(s) failed, the others ran: {shown}; their run dirs are under {sweep.root}, "
-            "and the same command again redoes only what is missing")
+    return (
+        f"{len(failed)} job(s) failed, the others ran: {shown}; their run dirs are under {sweep.root}, "
+        "and the same command again redoes only what is missing"
+    )
 
 
 def status_of_children(store, sweep: SweepDir, failed: bool) -> str:
@@ -179,12 +191,17 @@ def status_of_children(store, sweep: SweepDir, failed: bool) -> str:
 
     runs = sweep_runs(store.client, sweep.parent_record().get("sweep_id", ""))
     statuses = list(runs["status"]) if "status" in runs else []
-    metrics = {"jobs": len(statuses), **{f"jobs_{s.lower()}": statuses.count(s) for s in ("FINISHED", "FAILED",
-                                                                                            "KILLED")}}
+    metrics: dict[str, float] = {
+        "jobs": len(statuses),
+        **{f"jobs_{s.lower()}": statuses.count(s) for s in ("FINISHED", "FAILED", "KILLED")},
+    }
     # what was spent counts every job; a mean is over the finished ones (a failed job's figures are no result)
-    for key, how, over in (("cost_usd", "sum", runs), ("spent_usd", "sum", runs), ("calls", "sum", runs),
-                           *((key, "mean", finished(runs)) for key in ("edits_kept", "apply_share", "redundancy",
-                                                                        "agreement"))):
+    for key, how, over in (
+        ("cost_usd", "sum", runs),
+        ("spent_usd", "sum", runs),
+        ("calls", "sum", runs),
+        *((key, "mean", finished(runs)) for key in ("edits_kept", "apply_share", "redundancy", "agreement")),
+    ):
         if key in over and over[key].notna().any():
             metrics[f"{key}_{how}"] = float(getattr(over[key], how)())
     store.log_metrics([(k, float(v), 0) for k, v in metrics.items()], _now_ms())
@@ -196,7 +213,7 @@ def status_of_children(store, sweep: SweepDir, failed: bool) -> str:
 def _typed(config: DictConfig):
     from reflact.config import from_hydra
 
-    job_config = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+    job_config = OmegaConf.masked_copy(config, [str(k) for k in config if k != "hydra"])
     return from_hydra(job_config)[0]
 
 
@@ -214,7 +231,7 @@ def _where(config: DictConfig) -> tuple[Path, Path]:
 def _alive(store, run_id: str) -> bool:
     try:
         return store.client.get_run(run_id).info.lifecycle_stage == "active"
-    except Exception:  # noqa: BLE001 - deleted or from another store
+    except Exception:  # deleted or from another store
         return False
 
 

@@ -28,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 
 @dataclass
@@ -177,20 +178,39 @@ def _first_rule_line(user: str) -> str | None:
 def _items(user: str, ids: list[str], n: int, seed: int | None, reword: bool = False) -> dict:
     if "## Update Format" in user:
         summary = ["tightened rules"] if seed is None else seeded_items(ids, 2, seed, reword)
-        return {"reasoning": "one candidate", "skill_candidates": [
-            {"title": "Rewrite", "change_summary": summary, "new_skill": "# Skill\n- be careful\n"}]}
+        return {
+            "reasoning": "one candidate",
+            "skill_candidates": [
+                {"title": "Rewrite", "change_summary": summary, "new_skill": "# Skill\n- be careful\n"}
+            ],
+        }
     if "## Suggestion Budget" in user:
         texts = [None] * n if seed is None else seeded_items(ids, n, seed, reword)
-        return {"reasoning": "suggestions", "revise_suggestions": [
-            {"type": "clarify", "title": f"s{i}" if text is None else text[:40], "motivation": "seen often",
-             "instruction": "say it plainly" if text is None else text, "priority_hint": "high"}
-            for i, text in enumerate(texts)]}
+        return {
+            "reasoning": "suggestions",
+            "revise_suggestions": [
+                {
+                    "type": "clarify",
+                    "title": f"s{i}" if text is None else text[:40],
+                    "motivation": "seen often",
+                    "instruction": "say it plainly" if text is None else text,
+                    "priority_hint": "high",
+                }
+                for i, text in enumerate(texts)
+            ],
+        }
     if seed is None:
-        return {"reasoning": "edits", "edits": [
-            {"op": "append", "content": f"- rule {i} from {', '.join(ids)}"} for i in range(n)]}
+        return {
+            "reasoning": "edits",
+            "edits": [{"op": "append", "content": f"- rule {i} from {', '.join(ids)}"} for i in range(n)],
+        }
     anchor = _first_rule_line(user)
-    edits = [{"op": "insert_after", "target": anchor, "content": f"- {text}"} if anchor and i % 2
-             else {"op": "append", "content": f"- {text}"} for i, text in enumerate(seeded_items(ids, n, seed, reword))]
+    edits = [
+        {"op": "insert_after", "target": anchor, "content": f"- {text}"}
+        if anchor and i % 2
+        else {"op": "append", "content": f"- {text}"}
+        for i, text in enumerate(seeded_items(ids, n, seed, reword))
+    ]
     return {"reasoning": "edits", "edits": edits}
 
 
@@ -208,10 +228,14 @@ def default_reply(request: dict, reword: bool = False) -> dict:
             named = {1 + i % len(ids), 1 + (i * 3) % len(ids)} if ids else set()
             item["supporting_trajectories"] = [] if i == 0 else sorted(named)
     summary_key = "failure_summary" if group_failure else "success_patterns"
-    summary = {"pattern": "p", "trajectories": ids}
+    summary: dict[str, Any] = {"pattern": "p", "trajectories": ids}
     if group_failure:  # as the failure templates ask for it
-        summary = {"failure_type": "p", "count": len(ids), "trajectories": ids,
-                   "description": f"the agent got the amount wrong in {len(ids)} run(s)"}
+        summary = {
+            "failure_type": "p",
+            "count": len(ids),
+            "trajectories": ids,
+            "description": f"the agent got the amount wrong in {len(ids)} run(s)",
+        }
     reply = {summary_key: [summary], "patch": patch}
     if "## Skill-Aware Reflection" in request["messages"][0]["content"]:
         reply["appendix_notes"] = ["Follow the verification rule.", {"note": "Check units."}, ""]
@@ -226,7 +250,7 @@ def response_bytes(body: object) -> bytes:
 
 class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # many workers connect at once; the default backlog of 5 drops some
-    owner: "OptimizerServer"
+    owner: OptimizerServer
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -250,9 +274,10 @@ class _Handler(BaseHTTPRequestHandler):
         number = owner.record(request, self.headers.get("Authorization"))
         chat_only = Response(status=404, body={"error": {"message": "Not Found"}})  # like many servers
         embeddings = self.path.rstrip("/").endswith("/embeddings")
-        response = (owner.script(request, number) if owner.script else None) or (
-            chat_only if embeddings else None) or Response(
-            body=judge_reply(request) or chat_body(json.dumps(default_reply(request, owner.reword)))
+        response = (
+            (owner.script(request, number) if owner.script else None)
+            or (chat_only if embeddings else None)
+            or Response(body=judge_reply(request) or chat_body(json.dumps(default_reply(request, owner.reword))))
         )
         if response.delay_s:
             time.sleep(response.delay_s)
@@ -270,7 +295,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         if response.trickle_s and response.trickle_headers:
             # the handler buffers the status line and headers until end_headers: send them slowly
-            head, self._headers_buffer = b"".join(self._headers_buffer) + b"\r\n", []
+            head, self._headers_buffer = b"".join(self._headers_buffer) + b"\r\n", []  # type: ignore[has-type,var-annotated]  # private in http.server, untyped
             self._trickle(head + data, response.trickle_s)
         elif response.trickle_s:
             self.end_headers()
@@ -281,7 +306,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _trickle(self, data: bytes, seconds: float) -> None:
         for i in range(len(data)):
-            self.wfile.write(data[i:i + 1])
+            self.wfile.write(data[i : i + 1])
             time.sleep(seconds)
 
 
@@ -297,8 +322,7 @@ class OptimizerServer:
         self._httpd.owner = self
         self._httpd.daemon_threads = True
         # a short poll: shutdown() waits for the serving loop to look, and tests start and stop many servers
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     def record(self, request: dict, authorization: str | None) -> int:
         """Keep a request and its Authorization header; its number, from 1."""
@@ -311,7 +335,7 @@ class OptimizerServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
 
-    def __enter__(self) -> "OptimizerServer":
+    def __enter__(self) -> OptimizerServer:
         self._thread.start()
         return self
 
@@ -329,8 +353,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m reflact.testing.optimizer_server",
         description="A stand-in OpenAI-compatible optimizer on 127.0.0.1, for tests and offline try-outs: "
-                    "every call gets a valid, meaningless reply. Prints its base URL on the first line, "
-                    "then serves until interrupted.")
+        "every call gets a valid, meaningless reply. Prints its base URL on the first line, "
+        "then serves until interrupted.",
+    )
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds to wait before each reply (default: 0)")
     args = parser.parse_args(argv)
@@ -350,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
         server = OptimizerServer(script, port=args.port)
     except OSError as error:  # the port is taken
         print(f"optimizer_server: error: cannot listen on 127.0.0.1:{args.port}: {error.strerror}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
     with server:
         print(server.base_url, flush=True)
         try:

@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 from reflact.imports import one_at_a_time
 from reflact.running.events import CallStarted, MinibatchEnded, Replied
@@ -74,6 +75,7 @@ class LiveRun:
             return record["run_id"]
         self._start(0.0)
         self._queue.put(_End(summary, status))
+        assert self._thread is not None  # _start made it
         self._thread.join()
         return self.run_id
 
@@ -83,14 +85,16 @@ class LiveRun:
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode("utf-8")).hexdigest()
 
     def _up_to_date(self, record: dict) -> bool:
-        return (record.get("tracking_uri") == self.uri and record.get("status") == "FINISHED"
-                and record.get("digest") == self.digest())
+        return (
+            record.get("tracking_uri") == self.uri
+            and record.get("status") == "FINISHED"
+            and record.get("digest") == self.digest()
+        )
 
     def _start(self, delay_s: float) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._work, args=(delay_s,), name="reflact-mlflow",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._work, args=(delay_s,), name="reflact-mlflow", daemon=True)
                 self._thread.start()
 
     def _work(self, delay_s: float) -> None:
@@ -107,7 +111,7 @@ class LiveRun:
                         self._end(writer, end)
                         return
 
-    def _write(self, writer: Mirror | None, events: list) -> Mirror | None:
+    def _write(self, writer: Mirror | Literal[False] | None, events: list) -> Mirror | Literal[False]:
         """Writes a batch of events; after a failure, events are dropped (the run dir has them)."""
         if writer is False:
             return writer
@@ -116,7 +120,7 @@ class LiveRun:
                 writer = self._open()
             writer.write(events)
             return writer
-        except Exception as exc:  # noqa: BLE001 - tracking must never cost the run
+        except Exception as exc:  # tracking must never cost the run
             self._warn(exc)
             return False
 
@@ -128,7 +132,7 @@ class LiveRun:
         c.run_dir.write_mlflow_record({"run_id": self.run_id, "tracking_uri": self.uri, "status": "RUNNING"})
         return writer
 
-    def _end(self, writer: Mirror | None, end: _End) -> None:
+    def _end(self, writer: Mirror | Literal[False] | None, end: _End) -> None:
         if writer is False:  # the run, if created, still gets its true end when the store allows it
             if self._mirror is not None and self._mirror.store.run_id:
                 with contextlib.suppress(Exception):
@@ -137,15 +141,22 @@ class LiveRun:
         try:
             writer = writer or self._open()
             writer.end(end.summary, end.status)
-            self.context.run_dir.write_mlflow_record({"run_id": self.run_id, "tracking_uri": self.uri,
-                                                      "status": end.status, "digest": self.digest()})
-        except Exception as exc:  # noqa: BLE001 - tracking must never cost the run
+            self.context.run_dir.write_mlflow_record(
+                {"run_id": self.run_id, "tracking_uri": self.uri, "status": end.status, "digest": self.digest()}
+            )
+        except Exception as exc:  # tracking must never cost the run
             self._warn(exc)
 
     def _warn(self, exc: BaseException) -> None:
         run_dir = self.context.run_dir.root
-        log.warning("MLflow logging to %s failed (%s); the run goes on and its outputs are complete in %s. Log "
-                    "them later with: python -m reflact.relog %s", self.uri, one_line(exc), run_dir, run_dir)
+        log.warning(
+            "MLflow logging to %s failed (%s); the run goes on and its outputs are complete in %s. Log "
+            "them later with: python -m reflact.relog %s",
+            self.uri,
+            one_line(exc),
+            run_dir,
+            run_dir,
+        )
 
 
 def _drain(events: queue.SimpleQueue) -> list:

@@ -69,9 +69,14 @@ class Totals:
         self.ended += 1
         self.by_status[o.status] = self.by_status.get(o.status, 0) + 1
         costs = {"cost_usd": o.cost_usd, "spent_usd": o.spent_usd} if self.priced else {}
-        for key, value in {"calls": o.calls, "edits_proposed": o.proposed, "edits_kept": o.kept,
-                           "tokens_prompt": o.usage.prompt, "tokens_completion": o.usage.completion,
-                           **costs}.items():
+        for key, value in {
+            "calls": o.calls,
+            "edits_proposed": o.proposed,
+            "edits_kept": o.kept,
+            "tokens_prompt": o.usage.prompt,
+            "tokens_completion": o.usage.completion,
+            **costs,
+        }.items():
             self.sums[key] = self.sums.get(key, 0.0) + value
 
     def counts(self) -> dict[str, float]:
@@ -171,8 +176,12 @@ class Mirror:
         skill, results = dataset.paths
         conversations = [dataset.conversation_path(r.id) for r in dataset.results if r.id not in dataset.skipped]
         failures = sum(1 for r in dataset.results if r.hard < c.cfg.reflect.success_threshold)
-        profile = {"results": len(dataset.results), "failures": failures,
-                   "successes": len(dataset.results) - failures, "skipped": len(dataset.skipped)}
+        profile = {
+            "results": len(dataset.results),
+            "failures": failures,
+            "successes": len(dataset.results) - failures,
+            "skipped": len(dataset.skipped),
+        }
         folder = Path(c.cfg.data.dir).resolve() if c.cfg.data.dir else results.resolve()
         self.store.log_dataset(folder.name, dataset_digest(skill, results, conversations), folder.as_uri(), profile)
 
@@ -182,10 +191,15 @@ class Mirror:
         overrides = {"failure": c.cfg.prompts.error, "success": c.cfg.prompts.success}
         try:
             for group, text in (("failure", system.failure), ("success", system.success)):
-                name = prompt_name(group, c.cfg.reflect.update_mode, system.notes_allowed[group],
-                                   bool(overrides[group]), c.cfg.reflect.provenance)
+                name = prompt_name(
+                    group,
+                    c.cfg.reflect.update_mode,
+                    system.notes_allowed[group],
+                    bool(overrides[group]),
+                    c.cfg.reflect.provenance,
+                )
                 self.store.link_prompt(name, text, content_hash(text))
-        except Exception as exc:  # noqa: BLE001 - the template hashes are params either way
+        except Exception as exc:  # the template hashes are params either way
             log.warning("the templates could not be linked from MLflow's prompt registry: %s", one_line(exc))
 
     def _trace(self, event: Replied) -> None:
@@ -194,13 +208,16 @@ class Mirror:
     def _log_kept_items(self) -> None:
         rows = list(self.context.run_dir.kept_items())
         if rows:
-            self.store.log_table({
-                "minibatch": [r["minibatch"] for r in rows],
-                "position": [r["position"] for r in rows],
-                "trajectory_ids": [", ".join(r["trajectory_ids"]) for r in rows],
-                "item": [json.dumps(r["item"], ensure_ascii=False) for r in rows],
-                "apply_status": [r.get("apply", {}).get("status", "") for r in rows],
-            }, "kept_items.json")
+            self.store.log_table(
+                {
+                    "minibatch": [r["minibatch"] for r in rows],
+                    "position": [r["position"] for r in rows],
+                    "trajectory_ids": [", ".join(r["trajectory_ids"]) for r in rows],
+                    "item": [json.dumps(r["item"], ensure_ascii=False) for r in rows],
+                    "apply_status": [r.get("apply", {}).get("status", "") for r in rows],
+                },
+                "kept_items.json",
+            )
 
 
 def _now_ms() -> int:

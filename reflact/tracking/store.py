@@ -35,8 +35,14 @@ SERIES_TOKENS = ("prompt", "completion")
 # what a dry run only estimates, logged under names of their own
 ESTIMATED = ("cost_usd", "tokens_prompt", "tokens_completion", "tokens_cached", "tokens_reasoning")
 # run metrics from the run's analysis.json (reflact.analysis.figures), when it has them
-ANALYSIS_METRICS = ("agreement", "redundancy", "distinct_edits", "distinct_edits_per_usd", "analysis_tokens",
-                    "analysis_cost_usd")
+ANALYSIS_METRICS = (
+    "agreement",
+    "redundancy",
+    "distinct_edits",
+    "distinct_edits_per_usd",
+    "analysis_tokens",
+    "analysis_cost_usd",
+)
 
 
 def default_tracking_uri(launch_dir: Path) -> str:
@@ -56,7 +62,7 @@ def run_name(cfg: ReflactConfig, job: int | None = None) -> str:
     return name + (" dry run" if cfg.optimizer.dry_run else "")
 
 
-def setting_metrics(cfg: ReflactConfig) -> dict[str, float]:
+def setting_metrics(cfg: ReflactConfig) -> dict[str, int]:
     """M, L, seed and mode as metrics too, so charts and the compare view can use them as axes."""
     r = cfg.reflect
     metrics = {"M": r.minibatch_size, "L": r.edit_budget, "seed": r.seed, "mode": get_mode(r.update_mode).number}
@@ -121,8 +127,9 @@ def _user() -> str:
 def git_commit(folder: Path) -> str | None:
     """The commit checked out where the run was launched, when that is a git checkout."""
     try:
-        done = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=5)
+        done = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
@@ -147,6 +154,7 @@ def prompt_name(group: str, mode: str, skill_aware: bool, overridden: bool, prov
     return name + (".custom" if overridden else "")
 
 
+# fmt: off
 class Store:
     """One MLflow tracking store, and the run being written to it. Every method may raise: the
     callers (live tracking, relog) turn a failure into a warning and the run dir stays complete."""
@@ -227,7 +235,7 @@ class Store:
             try:
                 self.client.log_inputs(self.run_id, inputs)
                 return
-            except Exception:  # noqa: BLE001
+            except Exception:
                 if attempt == 2:
                     raise
                 time.sleep(0.05 * (attempt + 1))
@@ -243,7 +251,7 @@ class Store:
                 version = self.client.register_prompt(name=name, template=text, tags={"reflact.template_hash":
                                                       template_hash}, commit_message=f"hash {template_hash}")
                 break
-            except Exception:  # noqa: BLE001 - registered meanwhile by another job: look again
+            except Exception:  # registered meanwhile by another job: look again
                 if attempt == 2:
                     raise
         self.client.link_prompt_version_to_run(self.run_id, version)
@@ -251,7 +259,7 @@ class Store:
     def _latest_prompt(self, name: str):
         try:
             return self.client.load_prompt(f"prompts:/{name}@latest")
-        except Exception:  # noqa: BLE001 - not registered yet
+        except Exception:  # not registered yet
             return None
 
     def trace(self, event, model: str) -> None:
@@ -278,6 +286,7 @@ class Store:
 
     def end(self, status: str, end_ms: int) -> None:
         self.client.set_terminated(self.run_id, status, end_time=end_ms)
+# fmt: on
 
 
 def mlflow_defaults() -> None:
@@ -329,8 +338,9 @@ def experiment_id(client, name: str, uri: str, launch_dir: Path) -> str:
     # a local sqlite store keeps its artifacts beside it under outputs/, not in ./mlruns
     location = (launch_dir / "outputs" / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") else None
     try:  # the UI then opens on its runs table (model development), not on its GenAI views
-        return client.create_experiment(name, artifact_location=location,
-                                        tags={"mlflow.experimentKind": "custom_model_development"})
+        return client.create_experiment(
+            name, artifact_location=location, tags={"mlflow.experimentKind": "custom_model_development"}
+        )
     except Exception:  # created meanwhile by a parallel job of the same sweep: use that one
         found = client.get_experiment_by_name(name)
         if found is None:
