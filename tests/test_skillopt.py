@@ -17,7 +17,8 @@ import warnings
 import pytest
 
 from reflact.compat.skillopt import run_minibatch_reflect
-from tests.conftest import write_dataset
+from reflact.errors import UserError
+from tests.conftest import PROJECT, write_dataset
 
 skillopt_reflect = pytest.importorskip("skillopt.gradient.reflect")
 aggregate = pytest.importorskip("skillopt.gradient.aggregate")
@@ -212,3 +213,28 @@ def test_openai_base_url_and_an_explicit_argument_still_win_over_skillopts_setti
                           skill_aware_reflection=False, overrides=NO_MLFLOW)
     assert server.count == 1 and server.requests[0]["model"] == "so-model"
     assert "## Skill-Aware Reflection" not in server.requests[0]["messages"][0]["content"]
+
+
+@pytest.mark.parametrize("source", ["both", "failure_only"])
+def test_skillopts_appendix_source_decides_the_success_prompt(tmp_path, server, skillopt_settings, source):
+    """SkillOpt's process-wide appendix source is a plain string: `both` gives the success
+    template its skill-aware part too, `failure_only` leaves it plain."""
+    from skillopt.optimizer.skill_aware import configure_skill_aware_reflection
+
+    configure(skillopt_settings, server.base_url + "/", "openai_compatible", key="sk-skillopt-local")
+    configure_skill_aware_reflection(True, source)
+    data, results, skill = inputs(tmp_path, n_fail=2, n_succ=2)
+    run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 2, False,
+                          minibatch_size=2, edit_budget=1, random_seed=1, overrides=NO_MLFLOW)
+    [success] = [r["messages"][0]["content"] for r in server.requests
+                 if "## Failed Trajectories" not in r["messages"][1]["content"]]
+    plain = (PROJECT / "prompts" / "analyst_success.md").read_text(encoding="utf-8").strip()
+    assert (success.strip() != plain) is (source == "both")
+
+
+def test_an_unknown_appendix_source_is_one_clear_error(tmp_path, server):
+    data, results, skill = inputs(tmp_path, n_fail=1, n_succ=1)
+    with pytest.raises(UserError, match="skill_aware_appendix_source: 'neither' is not one of both, failure_only"):
+        run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 1, False,
+                              skill_aware_reflection=True, skill_aware_appendix_source="neither",
+                              overrides=[*NO_MLFLOW, f"optimizer.base_url={server.base_url}", "optimizer.model=t"])

@@ -36,7 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from reflact.compat import skillopt_settings
-from reflact.config import ReflactConfig
+from reflact.config import AppendixSource, ReflactConfig
+from reflact.errors import UserError
 from reflact.files import write_json
 from reflact.imports import one_at_a_time
 from reflact.replies.patches import LAPSES_ONLY
@@ -174,7 +175,16 @@ def _skill_aware(cfg: ReflactConfig, enabled: bool | None, appendix_source: str 
     if enabled is not None:
         cfg.reflect.skill_aware.enabled = enabled
     if appendix_source is not None:
-        cfg.reflect.skill_aware.appendix_source = appendix_source  # type: ignore[assignment]  # SkillOpt's string, stored as given
+        cfg.reflect.skill_aware.appendix_source = _appendix_source(appendix_source)
+
+
+def _appendix_source(value: object) -> AppendixSource:
+    """SkillOpt's appendix source (a string) as reflact's setting; the prompts compare the enum."""
+    try:
+        return AppendixSource(str(value))
+    except ValueError:
+        known = ", ".join(source.value for source in AppendixSource)
+        raise UserError(f"skill_aware_appendix_source: {value!r} is not one of {known}") from None
 
 
 def _count_calls(done) -> None:
