@@ -196,7 +196,7 @@ def test_a_run_whose_calls_all_fail_exits_1_and_is_failed(tmp_path, launch_dir):
 def test_a_failed_minibatch_fails_the_run_only_when_failures_are_not_allowed(tmp_path, launch_dir):
     data = write_dataset(tmp_path / "data", n_fail=3, n_succ=0)
     uri = f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}"
-    fail_first = lambda r, n: Response(status=404, body={}) if n == 1 else None  # noqa: E731
+    fail_first = lambda r, n: Response(status=500, body={}) if n == 1 else None  # noqa: E731
     for allowed, code, status in (("true", 0, "FINISHED"), ("false", 1, "FAILED")):
         run_dir = tmp_path / f"run-{allowed}"
         with OptimizerServer(script=fail_first) as s:
