@@ -43,8 +43,13 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 
+# the test model priced, so that every child has its cost (an unpriced model's cost is unknown, not logged)
+PRICED_TEST = "+optimizer.prices.test={input:1,cached_input:0.1,output:4}"
+
+
 def sweep(server: OptimizerServer, launch: Path, *extra: str):
-    return run_cli(*SWEEP_ARGS, f"optimizer.base_url={server.base_url}", "optimizer.model=test", *extra, cwd=launch)
+    return run_cli(*SWEEP_ARGS, f"optimizer.base_url={server.base_url}", "optimizer.model=test", PRICED_TEST, *extra,
+                   cwd=launch)
 
 
 def sqlite_uri(launch: Path) -> str:
@@ -534,7 +539,7 @@ def test_a_failed_job_lets_the_others_run_and_a_fixed_rerun_resumes(tmp_path, la
     assert (grid[1]["finished"], grid[1]["failed"], grid[1]["edits_kept_mean"]) == ("0", "1", "")
     assert all(grid[l]["finished"] == "1" and float(grid[l]["edits_kept_mean"]) > 0 for l in (2, 3, 4))
     assert all(float(grid[l]["apply_share_mean"]) == 1.0 for l in (2, 3, 4))  # every test edit applies
-    assert "| 0/1/0 | failed |" in (sweep_dir / "report" / "grid.md").read_text(encoding="utf-8")
+    assert "| 0/1/0 | – | failed |" in (sweep_dir / "report" / "grid.md").read_text(encoding="utf-8")
     dirs = sorted(p.name for p in sweep_dir.iterdir() if (p / "summary.json").is_file())
 
     with OptimizerServer() as server:
