@@ -77,8 +77,9 @@ def settings(run_dirs: list[Path], matcher: str | None, overrides: list[str]) ->
         from omegaconf import OmegaConf
         from omegaconf.errors import OmegaConfBaseException
 
-    from reflact.config import _check_analysis, _price, typed
+    from reflact.config import _check_analysis, _price, register, typed
 
+    register()  # a saved config names shipped files as ${shipped:...}
     saved = next((p / ".hydra" / "config.yaml" for p in run_dirs if (p / ".hydra" / "config.yaml").is_file()), None)
     base = OmegaConf.load(saved) if saved else OmegaConf.structured(ReflactConfig)
     for item in overrides:

@@ -32,7 +32,7 @@ from reflact.replies.provenance import with_support_ids
 from reflact.running.rundir import fingerprint
 from reflact.sweeps.grid_report import add_seed_agreement, grid_rows, write_table
 from reflact.testing.optimizer_server import Response, chat_body, default_reply, seeded_items
-from tests.conftest import make_config, write_dataset
+from tests.conftest import make_config, run_cli, write_dataset
 from tests.conftest import stage_for as shared_stage_for
 
 PATCH = MODES["patch"]
@@ -495,6 +495,18 @@ def analyze_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "reflact.analyze", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=180)
 
+
+
+def test_analyze_reads_a_run_of_the_shipped_demo(tmp_path, server):
+    """The demo's saved config names its data as ${shipped:demo}: analyze resolves it as the run did."""
+    run_dir = tmp_path / "demo"
+    done = run_cli("+exp=demo", "optimizer=compatible", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                   "mlflow.enabled=false", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "${shipped:demo}" in (run_dir / ".hydra" / "config.yaml").read_text(encoding="utf-8")
+    proc = analyze_cli(str(run_dir), "--out", str(tmp_path / "report"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "report" / "analysis.json").is_file()
 
 @pytest.fixture
 def two_seeds(tmp_path, server):
