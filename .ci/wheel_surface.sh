@@ -82,10 +82,12 @@ soak_run() {  # KIND SEED INDEX
         "hydra.run.dir=outputs/soak/$1/$3" || echo "$1 $3" >>logs/soak.failed
 }
 for i in $(seq 0 2 19); do
-    soak_run fresh $((100 + i)) "$i" & soak_run fresh $((101 + i)) $((i + 1)) & wait
+    soak_run fresh $((100 + i)) "$i" & first=$!
+    soak_run fresh $((101 + i)) $((i + 1)) & wait "$first" $!  # not a bare wait: the stand-in runs in the background too
 done
 for i in $(seq 0 2 9); do
-    soak_run cached $((100 + i)) "$i" & soak_run cached $((101 + i)) $((i + 1)) & wait
+    soak_run cached $((100 + i)) "$i" & first=$!
+    soak_run cached $((101 + i)) $((i + 1)) & wait "$first" $!
 done
 if [ -s logs/soak.failed ]; then
     races=$(grep -l "partially initialized module" logs/soak_*.err | wc -l)
