@@ -92,11 +92,7 @@ class Embedder:
         from reflact.calls.client import describe_error
 
         worst = sum(len(t.encode("utf-8")) + 8 for t in texts) * (self.price.input if self.price else 0.0) / 1e6
-        if not self.spend.reserve(worst, threading.Event()):
-            raise AnalysisUnavailable(
-                "analysis: the cost limit optimizer.max_cost_usd leaves no room for the "
-                "embedding requests; raise it or use analysis.matcher=lexical"
-            )
+        reserve_or_stop(self.spend, worst, "embedding requests", "lexical")
         cost = 0.0
         try:
             reply = self._create(texts)
@@ -196,3 +192,12 @@ def _similar(vectors, threshold: float):
         r, c = np.nonzero(scores >= threshold - 1e-6)  # a text against itself is 1 up to rounding
         later = c > r
         yield start + r[later], start + c[later]
+
+
+def reserve_or_stop(spend, worst: float, what: str, instead: str) -> None:
+    """Reserves the analysis calls' worst case under the cost cap, or says what to change."""
+    if not spend.reserve(worst, threading.Event()):
+        raise AnalysisUnavailable(
+            f"analysis: the cost limit optimizer.max_cost_usd leaves no room for the {what}; raise it or use "
+            f"analysis.matcher={instead}"
+        )

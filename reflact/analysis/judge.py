@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reflact.analysis.embedding import AnalysisUnavailable, EmbeddingMatcher, Spent
+from reflact.analysis.embedding import AnalysisUnavailable, EmbeddingMatcher, Spent, reserve_or_stop
 from reflact.analysis.matching import Key
 from reflact.config import Price
 from reflact.imports import one_at_a_time
@@ -79,11 +78,7 @@ class JudgeMatcher:
         lines = [f"### Pair {n}\nA: {x.meaning}\nB: {y.meaning}" for n, (x, y) in enumerate(pairs, 1)]
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n\n".join(lines)}]
         worst = worst_cost(messages, self.max_output_tokens, self.price)
-        if not self.spend.reserve(worst, threading.Event()):
-            raise AnalysisUnavailable(
-                "analysis: the cost limit optimizer.max_cost_usd leaves no room for the "
-                "judge's questions; raise it or use analysis.matcher=embedding"
-            )
+        reserve_or_stop(self.spend, worst, "judge's questions", "embedding")
         cost = 0.0
         try:
             reply = self.client.complete(messages, self.max_output_tokens, SCHEMA)
