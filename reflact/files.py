@@ -4,14 +4,20 @@ Files are created the way a plain open() creates them (mode 0666 less the umask)
 way mkdir does (0777 less the umask), so whoever may read the launch folder, a shared MLflow UI
 say, may read the outputs too; a umask of 077 keeps them private. A full disk or quota ends the
 write with a one-line `DiskFull` (a user mistake: exit code 2) and leaves the old file whole.
+
+Text that UTF-8 cannot encode (lone surrogates: half an emoji, "\\ud83d" in a JSON reply, an
+API result or an imported log) is repaired as it is written, never a crash: a high and low half
+side by side become their character, a lone half becomes U+FFFD (`repair_text`).
 """
 
 from __future__ import annotations
 
+import codecs
 import errno
 import filecmp
 import json
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +30,28 @@ from reflact.errors import UserError
 _FULL = {errno.ENOSPC: "no space left on the device"}
 if hasattr(errno, "EDQUOT"):
     _FULL[errno.EDQUOT] = "the disk quota is exceeded"
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_REPAIR = "reflact-repair"  # the codec error handler every text file is written with
+
+
+def repair_text(text: str) -> str:
+    """`text` with its surrogates made writable: pairs joined, lone halves U+FFFD (a no-op, and
+    cheap, for text that has none)."""
+    if not _SURROGATE.search(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _repair_on_write(error: UnicodeError) -> tuple[bytes, int]:
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    # as bytes: the UTF-8 encoder takes only ASCII back as text
+    return repair_text(error.object[error.start : error.end]).encode("utf-8"), error.end
+
+
+codecs.register_error(_REPAIR, _repair_on_write)
 
 
 class DiskFull(UserError):
@@ -63,7 +91,7 @@ def atomic_writer(path: Path, durable: bool = False) -> Iterator[TextIO]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = _create_temp(path)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with os.fdopen(fd, "w", encoding="utf-8", errors=_REPAIR) as handle:
             yield handle
             if durable:
                 handle.flush()

@@ -4,60 +4,108 @@ The key covers everything that shapes a reply: the endpoint (the base URL; for A
 deployment and API version), the model, the full messages, every decoding parameter, the
 structured-output setting and schema, and the sample index. Several processes of a sweep
 may share the file; sqlite's own locking keeps it whole.
+
+The cache is an optimisation, never a reason to stop or to lose a paid reply: a file that cannot
+be opened (a folder, not a database), a write that finds the file locked past `timeout_s`, any
+database error later, and the run goes on without a cache after one warning. An entry that does
+not read back as a reply is a miss.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sqlite3
 import threading
 from pathlib import Path
 
 from reflact.config import CacheMode
+from reflact.files import repair_text
+
+log = logging.getLogger("reflact")
+_USAGE = {"prompt", "cached", "completion", "reasoning"}
 
 
 def cache_key(request: dict) -> str:
     return hashlib.sha256(json.dumps(request, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
+def _entry(row: tuple | None) -> dict | None:
+    """A stored reply as the client reads it, or None (a miss) when it is not one."""
+    try:
+        entry = json.loads(row[0]) if row else None
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("text"), str):
+        return None
+    usage = entry.get("usage", {})
+    if not (
+        isinstance(entry.get("finish_reason"), (str, type(None)))
+        and isinstance(entry.get("structured", "off"), str)
+        and isinstance(usage, dict)
+        and set(usage) <= _USAGE
+        and all(type(count) is int and count >= 0 for count in usage.values())
+    ):
+        return None
+    return {**entry, "text": repair_text(entry["text"])}  # an entry written before replies were repaired
+
+
 class ResponseCache:
-    def __init__(self, path: Path, mode: CacheMode) -> None:
+    def __init__(self, path: Path, mode: CacheMode, timeout_s: float = 60.0) -> None:
         self.path = path
         self.readable = mode in (CacheMode.read_write, CacheMode.read)
         self.writable = mode in (CacheMode.read_write, CacheMode.write)
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._closed = False  # closed while workers may still finish: then it neither answers nor keeps
-        self._db = sqlite3.connect(path, timeout=60, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, reply TEXT NOT NULL)")
+        self._db: sqlite3.Connection | None = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, timeout=timeout_s, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, reply TEXT NOT NULL)")
+        except (sqlite3.Error, OSError) as exc:
+            self._give_up(exc)
 
     def get(self, key: str) -> dict | None:
         if not self.readable:
             return None
-        with self._lock:
-            if self._closed:
-                return None
-            row = self._db.execute("SELECT reply FROM replies WHERE key = ?", (key,)).fetchone()
-        return json.loads(row[0]) if row else None
+        return _entry(self._run("SELECT reply FROM replies WHERE key = ?", [(key,)]))
 
     def put(self, key: str, reply: dict) -> None:
-        if not self.writable:
-            return
-        with self._lock:
-            if self._closed:
-                return
-            self._db.execute("INSERT OR REPLACE INTO replies (key, reply) VALUES (?, ?)", (key, json.dumps(reply)))
+        if self.writable:
+            self._run("INSERT OR REPLACE INTO replies (key, reply) VALUES (?, ?)", [(key, json.dumps(reply))])
 
     def forget(self, keys: list[str]) -> None:
         """Drop replies that led nowhere, so a rerun asks again instead of replaying a failure."""
+        self._run("DELETE FROM replies WHERE key = ?", [(k,) for k in keys])
+
+    def _run(self, sql: str, rows: list[tuple]) -> tuple | None:
+        """The statement for each row (the first row's result back); None once the cache is off."""
         with self._lock:
-            if self._closed:
-                return
-            self._db.executemany("DELETE FROM replies WHERE key = ?", [(k,) for k in keys])
+            if self._closed or self._db is None:
+                return None
+            try:
+                found = None
+                for row in rows:
+                    found = found or self._db.execute(sql, row).fetchone()
+                return found
+            except (sqlite3.Error, OSError) as exc:
+                self._give_up(exc)
+                return None
+
+    def _give_up(self, exc: BaseException) -> None:
+        """From now on no cache: one warning, the handle closed (called under the lock, or in __init__)."""
+        log.warning("the response cache %s failed (%s); the run goes on without a cache", self.path, exc)
+        self._closed = True
+        if self._db is not None:
+            try:
+                self._db.close()
+            except sqlite3.Error:
+                pass  # a handle that will not close is dropped with the object
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            self._db.close()
+            if self._db is not None:
+                self._db.close()

@@ -56,6 +56,11 @@ class Abandoned(Exception):
     """The client was closed: the request was cancelled, or never sent."""
 
 
+# what a failed call raises (the SDK's errors, a body that is not a completion, a deadline, a
+# close); only these become a recorded failed call
+CALL_FAULTS = (openai.OpenAIError, MalformedReply, Abandoned, TimeoutError)
+
+
 def redact(text: str, secret: str) -> str:
     """Error texts can echo the key (or its last 8 characters), also URL-encoded or JSON-escaped
     when a server quotes the request back; none of it may reach a log or a file."""
@@ -267,7 +272,7 @@ class OptimizerClient:
             for attempt in retrying:
                 with attempt:
                     completion, started, wall, structured = self._send(logical, schema, tokens, sent)
-        except Exception as exc:  # every failure becomes a recorded failed call
+        except CALL_FAULTS as exc:  # a failure of the call; anything else is a bug, with its traceback
             if self._stopped():
                 raise self._watch.ended(retries=max(sent[0] - 1, 0)) from None
             raise CallError(describe_error(exc, self._secret), retries=max(sent[0] - 1, 0)) from None
@@ -307,7 +312,10 @@ class OptimizerClient:
                 self._transport.close()
             raise
         self._watch.answered.set()
-        return read_completion(body, self._warn), started, wall
+        completion = read_completion(body, self._warn)
+        # a server may quote the request back, key and all: nothing stored may hold it
+        completion.text = redact(completion.text, self._secret)
+        return completion, started, wall
 
     @property
     def fault(self) -> str:

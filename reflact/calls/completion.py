@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from reflact.calls.protocol import Usage
+from reflact.files import repair_text
 
 # no model reads or writes this many tokens in one call: a larger count is garbage, not usage
 MAX_TOKENS = 10**9
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class MalformedReply(Exception):
@@ -59,8 +58,8 @@ def kind(value: object) -> str:
 
 def clean(text: str) -> str:
     """JSON may carry lone surrogates ("\\ud800"); they cannot be written as UTF-8, so a reply
-    holding one would fail where it is saved. They become U+FFFD."""
-    return _LONE_SURROGATE.sub("\ufffd", text)
+    holding one would fail where it is saved. They become U+FFFD (a split pair is joined)."""
+    return repair_text(text)
 
 
 def read_completion(content: bytes, warn: Callable[[str, str], None]) -> Completion:

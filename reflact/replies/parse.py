@@ -6,7 +6,9 @@ exactly one distinct candidate must remain. Two different candidates are an erro
 guess), and so is a list of several objects; a brace in prose is not JSON, a reply that ends
 inside an object is reported as truncated, and only a single almost-JSON object (trailing
 commas, Python literals) is repaired. Every failure is a ParseError with a message meant for
-the re-ask; nothing else is ever raised.
+the re-ask; nothing else is ever raised. A string of the object holding an escaped lone
+surrogate ("\\ud83d", half an emoji cut by the model) is repaired (U+FFFD), so the patch can be
+written, logged and cached like any other.
 
 Time is linear in the reply's length whatever it holds: the text is scanned once for its
 brackets, quotes and backslashes (see _closers), and json decodes any character at most a few
@@ -19,6 +21,8 @@ import bisect
 import json
 import re
 from dataclasses import dataclass, field
+
+from reflact.files import repair_text
 
 _FENCED = re.compile(r"```[ \t]*(?:json|JSON|javascript|js)?[ \t]*\r?\n(.*?)```", re.S)
 # a key-value start: what separates a JSON object from a brace in prose
@@ -34,6 +38,22 @@ class ParseError(ValueError):
 
 
 def extract_object(text: object) -> dict:
+    # JSON's \u escapes can make a surrogate that the reply text did not hold
+    return {repair_text(key): _repaired(value) for key, value in _extract(text).items()}
+
+
+def _repaired(value: object) -> object:
+    """`value` with every string (keys too) made writable; the depth is capped at decoding."""
+    if isinstance(value, str):
+        return repair_text(value)
+    if isinstance(value, list):
+        return [_repaired(item) for item in value]
+    if isinstance(value, dict):
+        return {repair_text(key): _repaired(item) for key, item in value.items()}
+    return value
+
+
+def _extract(text: object) -> dict:
     if not isinstance(text, str) or not text.strip():
         raise ParseError("the reply is empty")
     whole, _ = _decode(text.strip())

@@ -49,19 +49,26 @@ def _item_support(item: dict, where: str, ids: list[str]) -> dict:
 
 
 def _position(value: object, ids: list[str]) -> int | None:
-    """A 1-based position from a number, a string of digits, or (a common slip) an id shown."""
+    """A 1-based position from a number, a string of digits, or (a common slip) an id shown. A
+    number and its digits are one value (1 and "1" name the same trajectory, whatever the ids
+    look like): a position when in range, else the shown id it spells, else out of range."""
     if isinstance(value, bool):
         return None
+    number: int | None = None
     if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
+        number, text = value, str(value)
+    elif isinstance(value, float) and value.is_integer():
+        number, text = int(value), str(int(value))
+    elif isinstance(value, str):
         text = value.strip()
-        if text in ids:
-            return ids.index(text) + 1
-        return int(text) if text.isdigit() else None
-    return None
+        number = int(text) if text.isascii() and text.isdigit() else None
+    else:
+        return None
+    if number is not None and 1 <= number <= len(ids):
+        return number
+    if text in ids:
+        return ids.index(text) + 1
+    return number
 
 
 @dataclass

@@ -8,6 +8,7 @@ output-token limit is asked again with twice the allowance, up to the ceiling; a
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +22,8 @@ from reflact.replies.patches import CheckedReply, ReplyError, check_reply
 from reflact.replies.provenance import with_support_ids
 from reflact.running.events import CallStarted, EndpointFailed, Replied
 from reflact.running.outcome import Tally
+
+log = logging.getLogger("reflact")
 
 
 @dataclass
@@ -72,6 +75,21 @@ def worst_cost(messages: list[dict], allowance: int, price: Price | None) -> flo
     return (prompt * price.input + allowance * price.output) / 1e6
 
 
+def capped_cost(cost: float, worst: float) -> float:
+    """What a reply is recorded as costing: a server's usage can claim more than the request could
+    have cost (more tokens than its prompt's bytes and output allowance); the worst case is then
+    what was spent, at most."""
+    if cost <= worst:
+        return cost
+    log.warning(
+        "the optimizer's reply claims usage worth $%.4f, more than the request could cost ($%.4f); counted as $%.4f",
+        cost,
+        worst,
+        worst,
+    )
+    return worst
+
+
 def reask_message(error: str) -> str:
     return (
         f"Your reply could not be used: {error}.\n"
@@ -109,7 +127,7 @@ class Asker:
         try:
             for attempt in range(self.max_reasks + 1):
                 number = numbered_after + len(tally.call_log) + 1
-                reply = self._request(tag, number, group, conversation, allowance, tally, sample)
+                reply = self._request(tag, (number, keep), group, conversation, allowance, tally, sample)
                 if isinstance(reply, Asked):
                     self.optimizer.forget(replies)  # the conversation ended unusable: ask afresh next time
                     reply.parse = parse
@@ -117,7 +135,6 @@ class Asker:
                 if reply.estimated:
                     return Asked("dry_run", tally)
                 replies.append(reply)
-                keep(number, reply)
                 tally.reasks += 1 if attempt else 0
                 if reply.finish_reason == "length":
                     parse, allowance = self._cut_off(allowance)
@@ -132,6 +149,9 @@ class Asker:
                 return Asked("ok", tally, checked, "ok")
             self.optimizer.forget(replies)
             return Asked("failed", tally, parse=parse, error=f"no usable reply: {parse}")
+        except Exception:  # a bug on these replies: a rerun must not replay them from the cache into it
+            self.optimizer.forget(replies)
+            raise
         finally:
             tally.latency_s = round(time.monotonic() - started, 3)
     # fmt: on
@@ -151,14 +171,17 @@ class Asker:
     def _request(
         self,
         tag: str,
-        number: int,
+        numbered: tuple[int, Callable[[int, Reply], None]],
         group: str,
         conversation: list[dict],
         allowance: int,
         tally: Tally,
         sample: int | None = None,
     ) -> Reply | Asked:
-        """One request; an Asked when the conversation must end here (stopping, cost limit, failed call)."""
+        """One request; an Asked when the conversation must end here (stopping, cost limit, failed call).
+        `numbered`: the request's number and keep(number, reply), which saves a reply before
+        anything else is done with it."""
+        number, keep = numbered
         if self.stopping.is_set():
             return Asked("failed", tally, error="stopped: the run was interrupted before this request")
         worst = worst_cost(conversation, allowance, self.price)
@@ -178,21 +201,26 @@ class Asker:
             tally.call_log.append({"error": exc.cause, "retries": exc.retries})
             self.publish(Replied(tag, number, list(conversation), None, error=exc.cause))
             return Asked("failed", tally, error=exc.cause)
-        cost = self._count(reply, allowance, len(conversation), tally)
+        if not reply.estimated:
+            keep(number, reply)
+        cost = self._count(reply, allowance, len(conversation), tally, worst)
         self.spend.settle(worst, 0.0 if reply.estimated else cost)
         self.publish(Replied(tag, number, list(conversation), reply, cost_usd=cost))
         return reply
 
-    def _count(self, reply: Reply, allowance: int, messages: int, tally: Tally) -> float:
-        """Adds the reply to the tally; returns what it cost now."""
+    def _count(self, reply: Reply, allowance: int, messages: int, tally: Tally, worst: float) -> float:
+        """Adds the reply to the tally; returns what it cost now (never more than its `worst`)."""
         tally.usage.add(reply.usage)
         if reply.estimated:
+            tally.cost_usd += reply.usage.cost_usd(self.price)
             return reply.usage.cost_usd(self.price)
+        worth = capped_cost(reply.usage.cost_usd(self.price), worst)
+        tally.cost_usd += worth
         cost = 0.0
         if reply.from_cache:
             tally.cache_hits += 1
         else:
-            cost = reply.usage.cost_usd(self.price)
+            cost = worth
             tally.calls += 1
             tally.retries += reply.retries
             tally.spent_usd += cost

@@ -21,6 +21,7 @@ class Tally:
     cache_hits: int = 0
     usage: Usage = field(default_factory=Usage)  # tokens behind the replies, whenever they were spent
     spent_usd: float = 0.0  # what this run paid: calls made now, not cache hits
+    cost_usd: float = 0.0  # what the replies cost, cache hits included (each at most its worst case)
     latency_s: float = 0.0
     call_log: list[dict] = field(default_factory=list)  # one record per request or cache hit
 
@@ -32,6 +33,7 @@ class Tally:
         self.cache_hits += other.cache_hits
         self.usage.add(other.usage)
         self.spent_usd += other.spent_usd
+        self.cost_usd += other.cost_usd
         self.latency_s = round(self.latency_s + other.latency_s, 3)
         self.call_log += other.call_log
 
@@ -68,6 +70,6 @@ class Outcome:
 
     def count(self, tally: Tally) -> None:
         """Take the figures of the minibatch's requests."""
-        for name in ("calls", "failed_calls", "reasks", "retries", "cache_hits", "spent_usd", "latency_s"):
+        for name in ("calls", "failed_calls", "reasks", "retries", "cache_hits", "spent_usd", "cost_usd", "latency_s"):
             setattr(self, name, getattr(tally, name))
         self.usage, self.call_log = tally.usage, tally.call_log

@@ -181,7 +181,6 @@ class Stage:
             if one.status not in ("ok", "dry_run"):  # a dry run estimates every part
                 break
         outcome.count(tally)
-        outcome.cost_usd = tally.usage.cost_usd(self.asker.price)
         last = asked[-1]
         outcome.parse, outcome.error = last.parse, last.error
         if last.status != "ok":
