@@ -84,10 +84,13 @@ class RunDir:
     # ------------------------------------------------------------------ the stage's writes
 
     def clean(self) -> None:
-        """Removes the half-written files of a run that was killed."""
+        """Removes the half-written files of a run that was killed: the stage's, the summary's and
+        the config's (not the MLflow record's, which the tracker may be writing right now)."""
         self.patches.mkdir(parents=True, exist_ok=True)
-        for leftover in [*self.patches.glob(".*.tmp"), *self.calls.glob("*/.*.tmp")]:
-            leftover.unlink()
+        own = [self.root.glob(f".{name}.*.tmp") for name in (SUMMARY, ANALYSIS, KEPT_ITEMS, REPORT)]
+        for leftover in [*self.patches.glob(".*.tmp"), *self.calls.glob("*/.*.tmp"), *(self / HYDRA).glob(".*.tmp"),
+                         *(path for found in own for path in found)]:
+            leftover.unlink(missing_ok=True)
 
     def write_prompt(self, tag: str, parts: list[list[dict]]) -> None:
         """The messages of each part; replies, parts and the patch of an earlier, stale attempt go
