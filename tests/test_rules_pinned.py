@@ -158,8 +158,7 @@ def test_the_mlflow_run_is_killed_on_ctrl_c(tmp_path, server, launch_dir):
     assert mlflow_status(launch_dir, tmp_path / "run") == "KILLED"
 
 
-def test_the_mlflow_run_is_failed_on_a_crash_and_a_workers_bug_stops_new_requests(
-        tmp_path, server, launch_dir, monkeypatch):
+def test_the_mlflow_run_is_failed_on_a_crash(tmp_path, server, launch_dir, monkeypatch):
     def buggy(*args):
         raise TypeError("a bug in checking the reply")
 
@@ -167,8 +166,6 @@ def test_the_mlflow_run_is_failed_on_a_crash_and_a_workers_bug_stops_new_request
     with pytest.raises(TypeError, match="a bug in checking"):
         run_experiment(tracked(tmp_path, server, launch_dir), {}, tmp_path / "run", Launch(launch_dir))
     assert mlflow_status(launch_dir, tmp_path / "run") == "FAILED"
-    # workers=1 holds at most 2 prompts: the bug stops the rest of the 3 from being asked
-    assert server.count <= 2
 
 
 def test_a_workers_bug_stops_new_submissions(tmp_path, server, monkeypatch):
@@ -179,8 +176,10 @@ def test_a_workers_bug_stops_new_submissions(tmp_path, server, monkeypatch):
 
     monkeypatch.setattr(ask_module, "check_reply", buggy)
     with pytest.raises(TypeError, match="a bug in checking"):
-        stage_for(tmp_path, server, data, ONE_EACH, "reflect.workers=2").run()
-    assert server.count <= 4  # the window of 2 x workers prompts, not the 8 of the plan
+        stage_for(tmp_path, server, data, ONE_EACH, "reflect.workers=1").run()
+    # one worker holds 2 prompts: the bug's and the next one's (asked, or dropped when queued). Had
+    # the launcher gone on, it could only be 2 ahead of the worker: 6 or more requests
+    assert server.count <= 2
 
 
 # ---------------------------------------------------------------- retries and pacing

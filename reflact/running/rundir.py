@@ -84,12 +84,9 @@ class RunDir:
     # ------------------------------------------------------------------ the stage's writes
 
     def clean(self) -> None:
-        """Removes the half-written files of a run that was killed: the stage's, the summary's and
-        the config's (not the MLflow record's, which the tracker may be writing right now)."""
+        """Removes the half-written files of a run that was killed (see _leftovers)."""
         self.patches.mkdir(parents=True, exist_ok=True)
-        own = [self.root.glob(f".{name}.*.tmp") for name in (SUMMARY, ANALYSIS, KEPT_ITEMS, REPORT)]
-        for leftover in [*self.patches.glob(".*.tmp"), *self.calls.glob("*/.*.tmp"), *(self / HYDRA).glob(".*.tmp"),
-                         *(path for found in own for path in found)]:
+        for leftover in _leftovers(self):
             leftover.unlink(missing_ok=True)
 
     def write_prompt(self, tag: str, parts: list[list[dict]]) -> None:
@@ -206,6 +203,14 @@ class RunDir:
 
 
 # ---------------------------------------------------------------------- shapes of what is read back
+
+
+def _leftovers(run_dir: RunDir) -> list[Path]:
+    """The temporaries a killed run left: the stage's, the summary's and the config's (not the
+    MLflow record's, which the tracker may be writing as the stage starts)."""
+    own = [run_dir.root.glob(f".{name}.*.tmp") for name in (SUMMARY, ANALYSIS, KEPT_ITEMS, REPORT)]
+    return [*run_dir.patches.glob(".*.tmp"), *run_dir.calls.glob("*/.*.tmp"), *(run_dir / HYDRA).glob(".*.tmp"),
+            *(path for found in own for path in found)]
 
 
 @contextlib.contextmanager
