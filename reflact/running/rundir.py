@@ -209,8 +209,12 @@ def _leftovers(run_dir: RunDir) -> list[Path]:
     """The temporaries a killed run left: the stage's, the summary's and the config's (not the
     MLflow record's, which the tracker may be writing as the stage starts)."""
     own = [run_dir.root.glob(f".{name}.*.tmp") for name in (SUMMARY, ANALYSIS, KEPT_ITEMS, REPORT)]
-    return [*run_dir.patches.glob(".*.tmp"), *run_dir.calls.glob("*/.*.tmp"), *(run_dir / HYDRA).glob(".*.tmp"),
-            *(path for found in own for path in found)]
+    return [
+        *run_dir.patches.glob(".*.tmp"),
+        *run_dir.calls.glob("*/.*.tmp"),
+        *(run_dir / HYDRA).glob(".*.tmp"),
+        *(path for found in own for path in found),
+    ]
 
 
 @contextlib.contextmanager
