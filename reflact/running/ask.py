@@ -179,8 +179,7 @@ class Asker:
         sample: int | None = None,
     ) -> Reply | Asked:
         """One request; an Asked when the conversation must end here (stopping, cost limit, failed call).
-        `numbered`: the request's number and keep(number, reply), which saves a reply before
-        anything else is done with it."""
+        `numbered`: the request's number and keep(number, reply), which saves the reply."""
         number, keep = numbered
         if self.stopping.is_set():
             return Asked("failed", tally, error="stopped: the run was interrupted before this request")
@@ -201,10 +200,10 @@ class Asker:
             tally.call_log.append({"error": exc.cause, "retries": exc.retries})
             self.publish(Replied(tag, number, list(conversation), None, error=exc.cause))
             return Asked("failed", tally, error=exc.cause)
-        if not reply.estimated:
-            keep(number, reply)
         cost = self._count(reply, allowance, len(conversation), tally, worst)
-        self.spend.settle(worst, 0.0 if reply.estimated else cost)
+        self.spend.settle(worst, 0.0 if reply.estimated else cost)  # first: a full disk must not hold a reservation
+        if not reply.estimated:
+            keep(number, reply)  # saved before tracking hears of it or it is parsed
         self.publish(Replied(tag, number, list(conversation), reply, cost_usd=cost))
         return reply
 
