@@ -29,6 +29,8 @@ _FENCED = re.compile(r"```[ \t]*(?:json|JSON|javascript|js)?[ \t]*\r?\n(.*?)```"
 _JSONISH = re.compile(r'"\s*:')
 _OPENS_OBJECT = re.compile(r'\{\s*"[^"\n]*"\s*:')
 _PY_LITERALS = {"True": "true", "False": "false", "None": "null"}
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 # deeper than any reply schema needs; deeper objects are refused before anything recurses on them
 MAX_DEPTH = 100
 
@@ -38,8 +40,19 @@ class ParseError(ValueError):
 
 
 def extract_object(text: object) -> dict:
-    # JSON's \u escapes can make a surrogate that the reply text did not hold
-    return {repair_text(key): _repaired(value) for key, value in _extract(text).items()}
+    obj = _extract(text)
+    # JSON's \u escapes can make a surrogate that the reply text did not hold; the walk over
+    # every string is done only when one may be there
+    if isinstance(text, str) and _may_hold_surrogate(text):
+        return {repair_text(key): _repaired(value) for key, value in obj.items()}
+    return obj
+
+
+def _may_hold_surrogate(text: str) -> bool:
+    # two cheap tests rather than one regex alternation, which scans several times slower
+    return ("\\u" in text and bool(_ESCAPED_SURROGATE.search(text))) or (
+        not text.isascii() and bool(_SURROGATE.search(text))
+    )
 
 
 def _repaired(value: object) -> object:
