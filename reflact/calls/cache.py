@@ -8,7 +8,7 @@ may share the file; sqlite's own locking keeps it whole.
 The cache is an optimisation, never a reason to stop or to lose a paid reply: a file that cannot
 be opened (a folder, not a database), a write that finds the file locked past `timeout_s`, any
 database error later, and the run goes on without a cache after one warning. An entry that does
-not read back as a reply is a miss.
+not read back (as a JSON object; for the client, as a reply: `reply_entry`) is a miss.
 """
 
 from __future__ import annotations
@@ -32,12 +32,17 @@ def cache_key(request: dict) -> str:
 
 
 def _entry(row: tuple | None) -> dict | None:
-    """A stored reply as the client reads it, or None (a miss) when it is not one."""
+    """A stored JSON object, or None (a miss) when there is none or it does not read back as one."""
     try:
         entry = json.loads(row[0]) if row else None
     except (TypeError, ValueError, RecursionError):
         return None
-    if not isinstance(entry, dict) or not isinstance(entry.get("text"), str):
+    return entry if isinstance(entry, dict) else None
+
+
+def reply_entry(entry: dict | None) -> dict | None:
+    """A stored chat reply as the client reads it, or None (a miss) when it is not one."""
+    if entry is None or not isinstance(entry.get("text"), str):
         return None
     usage = entry.get("usage", {})
     if not (

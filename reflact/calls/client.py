@@ -35,7 +35,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from reflact.calls.cache import ResponseCache, cache_key
+from reflact.calls.cache import ResponseCache, cache_key, reply_entry
 from reflact.calls.completion import Completion, MalformedReply, read_completion
 from reflact.calls.protocol import CallError, Reply, Usage, estimate_tokens
 from reflact.calls.ratelimit import RateLimiter
@@ -211,7 +211,7 @@ class OptimizerClient:
         if self.cache:
             key = cache_key({**logical, "endpoint": self._endpoint, "schema": schema, "sample": sample,
                              "structured_output": self.cfg.structured_output.value})
-            hit = self.cache.get(key)
+            hit = reply_entry(self.cache.get(key))
             if hit is not None:
                 return Reply(hit["text"], hit["finish_reason"], Usage(**hit.get("usage", {})), 0.0,
                              from_cache=True, structured=hit.get("structured", "off"), started_at=time.time(),
