@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, cast
@@ -306,22 +306,50 @@ def typed(dict_cfg) -> ReflactConfig:
     with one_at_a_time():
         from omegaconf import OmegaConf
 
-    # merging into the schema also rejects keys added with `+`, which Hydra lets through
+    # a config Hydra composed is already typed by the schema; only keys added with `+`, which Hydra
+    # lets through, need the merge into the schema (~50 ms) that rejects them by name
+    if OmegaConf.get_type(dict_cfg) is ReflactConfig and not _added_keys(dict_cfg):
+        return cast(ReflactConfig, OmegaConf.to_object(dict_cfg))
     merged = OmegaConf.merge(OmegaConf.structured(ReflactConfig), OmegaConf.to_container(dict_cfg))
     return cast(ReflactConfig, OmegaConf.to_object(merged))
+
+
+def _added_keys(node) -> bool:
+    """Whether a typed node, or one inside it, holds a key its dataclass has no field for (a dict,
+    e.g. the price table, takes any key; its values may be typed nodes)."""
+    with one_at_a_time():
+        from omegaconf import DictConfig, OmegaConf
+
+    kind = OmegaConf.get_type(node)
+    names = {f.name for f in fields(kind)} if is_dataclass(kind) else None
+    for key in node:
+        if names is not None and key not in names:
+            return True
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and _added_keys(child):
+            return True
+    return False
 
 
 def params(cfg: ReflactConfig) -> dict[str, str]:
     """The settings as `section.key` strings: what was set, leaving out empty ones, the Azure block
     unless in use and prices of other models (no secrets: keys are never in the config)."""
-    with one_at_a_time():
-        from omegaconf import OmegaConf
-
-    tree = cast(dict, OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True))
+    tree = cast(dict, _plain(cfg))
     if cfg.optimizer.provider is not Provider.azure:
         del tree["optimizer"]["azure"]
     tree["optimizer"]["prices"] = {m: p for m, p in tree["optimizer"]["prices"].items() if m == cfg.optimizer.model}
     return {key: value for key, value in _flatten(tree).items() if value != ""}
+
+
+def _plain(value: object) -> object:
+    """The settings as plain dicts and values, enums by name (as OmegaConf would give them)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value.name if isinstance(value, Enum) else value
 
 
 PARAM_MAX_CHARS = 500  # long texts (step buffer, meta skill) go in as artifacts, not params

@@ -7,10 +7,12 @@ can drive reflact.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import hydra
@@ -91,7 +93,30 @@ def _main() -> None:
     # Hydra then raises instead of printing a multi-line report, so user mistakes get one line
     os.environ["HYDRA_FULL_ERROR"] = "1"
     raise_stopped_on_sigterm()
-    _job()
+    with _mode_from_command_line():
+        _job()
+
+
+@contextlib.contextmanager
+def _mode_from_command_line() -> Iterator[None]:
+    """Hydra composes the whole config a second time only to read `hydra.mode` (~0.3 s before the
+    first request). reflact's own configs never set it (tests/test_presets.py checks), so unless the
+    command line sets it or brings configs of its own, `-m` alone decides, as Hydra does when the
+    composed mode is unset."""
+    with one_at_a_time():
+        from hydra._internal.hydra import Hydra
+
+    own_configs = any(arg.startswith(("--config-dir", "-cd", "--config-path", "-cp")) for arg in sys.argv[1:])
+    sets_mode = any("hydra.mode" in arg for arg in sys.argv[1:])
+    if own_configs or sets_mode:
+        yield
+        return
+    composing = Hydra.get_mode
+    Hydra.get_mode = lambda self, config_name, overrides: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Hydra.get_mode = composing  # type: ignore[method-assign]
 
 
 def _exit_now(code: int) -> None:

@@ -29,8 +29,12 @@ def test_every_experiment_composes_and_validates(exp):
 def test_every_optimizer_preset_composes_and_validates(optimizer):
     # what a preset leaves to the user (a local server's model, Azure's endpoint), given as they would
     served = ["optimizer.model=qwen3:32b"]
-    needs = {"azure": ["optimizer.azure.endpoint=https://example.openai.azure.com", "optimizer.azure.deployment=d"],
-             "compatible": served, "ollama": served, "vllm": served}
+    needs = {
+        "azure": ["optimizer.azure.endpoint=https://example.openai.azure.com", "optimizer.azure.deployment=d"],
+        "compatible": served,
+        "ollama": served,
+        "vllm": served,
+    }
     cfg = make_config("+exp=demo", f"optimizer={optimizer}", *needs.get(optimizer, []))
     assert cfg.optimizer.model
 
@@ -41,3 +45,17 @@ def test_a_local_server_preset_without_a_model_is_one_clear_error(optimizer):
 
     with pytest.raises(UserError, match="optimizer.model is not set"):
         make_config("+exp=demo", f"optimizer={optimizer}")
+
+
+@pytest.mark.parametrize("exp", EXPERIMENTS)
+def test_no_shipped_config_sets_hydra_mode(exp):
+    # reflact.run lets `-m` alone choose run or sweep, saving Hydra's second compose (~0.3 s before
+    # the first request); a preset that set hydra.mode would be ignored
+    from hydra import compose, initialize_config_dir
+
+    from reflact import config
+
+    config.register()
+    with initialize_config_dir(config_dir=str(PROJECT / "conf"), version_base="1.3"):
+        composed = compose(config_name="config", overrides=[f"+exp={exp}"], return_hydra_config=True)
+    assert composed.hydra.mode is None

@@ -91,8 +91,11 @@ def test_a_damaged_patch_is_redone_not_a_crash(tmp_path, damaged):
     assert outcome.status == "done" and (outcome.proposed, outcome.kept) == (0, 0)
 
 
-@pytest.mark.parametrize("text", ["[" * 100_000, "[]", "null", '"patch"', "{", "\xff"],
-                         ids=["nested too deep", "a list", "null", "a string", "cut short", "not utf-8"])
+@pytest.mark.parametrize(
+    "text",
+    ["[" * 100_000, "[]", "null", '"patch"', "{", "\xff"],
+    ids=["nested too deep", "a list", "null", "a string", "cut short", "not utf-8"],
+)
 def test_a_patch_file_that_is_no_patch_object_is_redone(tmp_path, text):
     run_dir = saved_run_dir(tmp_path)
     run_dir.patch_path(TAG).write_bytes(text.encode("utf-8") if text != "\xff" else b"\xff{}")
@@ -161,6 +164,23 @@ def test_a_rerun_redoes_only_the_damaged_patch_and_finishes(tmp_path, server):
     record.write_text(json.dumps({**json.loads(record.read_text()), "usage": {"prompt": "lots"}}))
     second = run_stage(tmp_path, server, data, "reflect.minibatch_size=2")
     assert server.count == calls + 1
-    assert {o.tag: o.status for o in second} == {o.tag: "done" if o.tag == "minibatch_fail_001" else "reused"
-                                                 for o in first}
+    assert {o.tag: o.status for o in second} == {
+        o.tag: "done" if o.tag == "minibatch_fail_001" else "reused" for o in first
+    }
     assert json.loads((patches / "minibatch_fail_001.json").read_text())["n_proposed"] == first[1].proposed
+
+
+def test_a_run_dir_is_used_by_one_process_at_a_time(tmp_path):
+    # a second reflact on the same run dir (two shells, a double launch) would pay for every call twice
+    import os
+
+    from reflact.errors import UserError
+    from reflact.running.rundir import RunDir, locked
+
+    run_dir = RunDir(tmp_path / "run")
+    with locked(run_dir):
+        with pytest.raises(UserError, match=rf"in use by another reflact process \(pid {os.getpid()}\)"):
+            with locked(RunDir(tmp_path / "run")):
+                pass
+    with locked(run_dir):  # released however the first ended
+        pass

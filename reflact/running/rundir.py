@@ -21,10 +21,10 @@ whole files, and the next run removes the temporaries.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -224,10 +224,9 @@ def locked(run_dir: RunDir):
     run_dir.root.mkdir(parents=True, exist_ok=True)
     with open(run_dir / ".lock", "a+", encoding="utf-8") as handle:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            other = handle.read().strip()
+            _lock_now(handle)
+        except OSError:  # BlockingIOError, or PermissionError from Windows' msvcrt
+            other = _holder(handle)
             raise UserError(
                 f"{run_dir.root} is in use by another reflact process{f' (pid {other})' if other else ''}"
                 ": wait for it to end, or give this run its own hydra.run.dir"
@@ -237,6 +236,29 @@ def locked(run_dir: RunDir):
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         yield
+
+
+def _lock_now(handle) -> None:
+    """An exclusive lock on the open file, or OSError at once if another process holds it. Chosen by
+    platform, so that `import reflact` works on Windows too (no fcntl there)."""
+    if sys.platform == "win32":
+        import msvcrt
+
+        handle.seek(0)
+        msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
+    else:
+        import fcntl
+
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def _holder(handle) -> str:
+    """The pid the lock's holder wrote, where the platform lets a locked file be read."""
+    try:
+        handle.seek(0)
+        return handle.read().strip()
+    except OSError:
+        return ""
 
 
 def _take_figures(outcome: Outcome, earlier: dict | None) -> None:
