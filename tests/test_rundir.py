@@ -168,19 +168,3 @@ def test_a_rerun_redoes_only_the_damaged_patch_and_finishes(tmp_path, server):
         o.tag: "done" if o.tag == "minibatch_fail_001" else "reused" for o in first
     }
     assert json.loads((patches / "minibatch_fail_001.json").read_text())["n_proposed"] == first[1].proposed
-
-
-def test_a_run_dir_is_used_by_one_process_at_a_time(tmp_path):
-    # a second reflact on the same run dir (two shells, a double launch) would pay for every call twice
-    import os
-
-    from reflact.errors import UserError
-    from reflact.running.rundir import RunDir, locked
-
-    run_dir = RunDir(tmp_path / "run")
-    with locked(run_dir):
-        with pytest.raises(UserError, match=rf"in use by another reflact process \(pid {os.getpid()}\)"):
-            with locked(RunDir(tmp_path / "run")):
-                pass
-    with locked(run_dir):  # released however the first ended
-        pass
