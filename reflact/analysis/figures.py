@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reflact.analysis.matching import Key, Lexical, item_key, match
+from reflact.analysis.matching import BUDGET_ITEM_CHARS, Key, Lexical, item_key, match, work, work_budget
 from reflact.analysis.records import finished_summary
 from reflact.config import AnalysisConfig
 from reflact.errors import UserError
@@ -265,12 +265,9 @@ def analyse_run_dir(run_dir: RunDir, chosen, max_items: int | None = None) -> di
     run = load_run(run_dir.root)
     described = chosen.matcher.describe()
     brief = {"edits": len(run.items), "matcher": described["matcher"], "threshold": described["threshold"]}
-    if max_items is not None and len(run.items) > max_items:
-        figures = {
-            **brief,
-            "skipped": f"{len(run.items)} kept items, over analysis.max_items={max_items}: run "
-            f"python -m reflact.analyze {run_dir.root} for the figures",
-        }
+    too_much = None if max_items is None else over_budget(run.items, max_items)
+    if too_much is not None:
+        figures = {**brief, "skipped": f"{too_much}: run python -m reflact.analyze {run_dir.root} for the figures"}
     else:
         try:
             figures = analyse(run, chosen.matcher)
@@ -280,6 +277,21 @@ def analyse_run_dir(run_dir: RunDir, chosen, max_items: int | None = None) -> di
     figures.update(chosen.usage())
     run_dir.write_analysis(figures)
     return figures
+
+
+def over_budget(items: list[Item], max_items: int) -> str | None:
+    """Why a run's own analysis is left out (too many items, or items too long to compare within
+    the work max_items short ones would take), None when it fits."""
+    if len(items) > max_items:
+        return f"{len(items)} kept items, over analysis.max_items={max_items}"
+    needed = work([item.key for item in items])
+    if needed > work_budget(max_items):
+        chars = sum(len(text) for item in items for text in item.key.texts)
+        return (
+            f"{len(items)} kept items of {chars} characters to compare, more work than "
+            f"analysis.max_items={max_items} items of {BUDGET_ITEM_CHARS} characters"
+        )
+    return None
 
 
 def warm() -> None:
