@@ -76,7 +76,7 @@ def pick_threshold(given: float | None, runs: list[Run], matcher: str = "lexical
                 f"{run.path / ANALYSIS}: damaged (threshold {repr(run.threshold)[:40]} is not a number in (0, 1]); "
                 "choose one with --threshold"
             )
-    found = sorted({saved_threshold(run) for run in runs if run.threshold is not None and run.matcher == matcher})
+    found = sorted({t for run in runs if run.matcher == matcher and (t := saved_threshold(run)) is not None})
     if len(found) > 1:
         raise UserError(
             f"the runs were analysed with different match thresholds ({', '.join(map(str, found))}); "

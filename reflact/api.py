@@ -72,15 +72,19 @@ def reflect(
     Raises reflact.errors.UserError for a mistake in the settings or inputs (nothing is called),
     reflact.errors.Stopped on Ctrl-C (nothing new is called, what was made is kept).
     """
-    from reflact.config import from_hydra
-    from reflact.running.newdir import discarded_on_mistake, first_missing
-
     check_arguments(data=data, predictions=predictions, run_dir=run_dir, launch_dir=launch_dir)
     launch = usable_folder(Path(launch_dir or Path.cwd()).resolve(), "launch_dir")
     cfg = compose(overrides) if config is None else with_overrides(config, overrides)
     folder = usable_folder(Path(run_dir).resolve(), "run_dir") if run_dir else new_run_dir(launch)
     given = results is not None or skill is not None or conversations is not None
     inputs = python_inputs(results, skill, conversations, predictions) if given else None
+    return _reflect(cfg, data, inputs, folder, launch)
+
+
+def _reflect(cfg: ReflactConfig, data, inputs: PythonInputs | None, folder: Path, launch: Path) -> Reflection:
+    from reflact.config import from_hydra
+    from reflact.running.newdir import discarded_on_mistake, first_missing
+
     # a folder made here goes again when a mistake stops the run before any call
     with discarded_on_mistake(folder, first_missing(folder), {"inputs"}):
         if inputs is not None:

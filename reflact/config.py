@@ -593,8 +593,6 @@ def _check_url(value: str, key: str, example: str, hint: str) -> None:
         raise UserError(f"{key} must be an http:// or https:// URL{shown}, e.g. {example}")
     if not parts.hostname:
         raise UserError(f"{key} has no host, e.g. {example}")
-    if parts.query or value.endswith("?"):  # the client appends its paths (/chat/completions) to the URL
-        raise UserError(f"{key} must not have a ?query (not shown): give the API's base URL, e.g. {example}")
 
 
 def _split_url(value: str, key: str) -> SplitResult:

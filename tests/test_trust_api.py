@@ -131,7 +131,6 @@ def mistakes(tmp_path: Path, server):
         "run_dir inside a file": call(data=data, run_dir=a_file / "run", overrides=settings_for(server)),
         "overrides a string": call(data=data, overrides="optimizer.model=x"),
         "bad override": call(data=data, overrides=[*settings_for(server), "reflect.nope=1"]),
-        "query in base_url": call(data=data, overrides=settings_for(server, "optimizer.base_url=http://h/v1?x=1")),
         "results not rows": call(results=[1, 2], skill=skill, conversations=conversations),
         "conversation not JSON": call(results=results, skill=skill, conversations={"run_00000": [object()]},
                                       overrides=settings_for(server)),
@@ -157,7 +156,7 @@ def skillopt_call(tmp_path, **changes):
 
 
 @pytest.mark.parametrize("what", ["patches_dir a file", "patches_dir empty", "workers None", "predictions mistyped",
-                                  "query in OPENAI_BASE_URL", "reflact's record dir a file"])
+                                  "reflact's record dir a file"])
 def test_skillopt_entry_mistakes_are_one_user_error_before_any_call(tmp_path, server, monkeypatch, what):
     monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
     monkeypatch.setenv("OPTIMIZER_DEPLOYMENT", "test")
@@ -169,14 +168,20 @@ def test_skillopt_entry_mistakes_are_one_user_error_before_any_call(tmp_path, se
         "patches_dir empty": {"patches_dir": ""},
         "workers None": {"workers": None},
         "predictions mistyped": {"prediction_dir": str(tmp_path / "data" / "predictons")},
-        "query in OPENAI_BASE_URL": {},
         "reflact's record dir a file": {"patches_dir": str(tmp_path / "p2")},
     }[what]
-    if what == "query in OPENAI_BASE_URL":
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url + "?api-version=1")
     with pytest.raises(UserError):
         skillopt_call(tmp_path, **changes)
     assert server.count == 0
+
+
+@pytest.mark.parametrize("url", ["https://proxy.example.com/v1?api-version=2024-10-21&x=${oc.env:HOME}",
+                                 "http://127.0.0.1:9/v1?a='b',c=[d]"])
+def test_openai_base_url_reaches_the_skillopt_entrys_config_as_written(monkeypatch, url):
+    from reflact.compat.skillopt import _config
+
+    monkeypatch.setenv("OPENAI_BASE_URL", url)
+    assert _config(None, ()).optimizer.base_url == url
 
 
 # ---------------------------------------------------------------- threads, and nothing left set

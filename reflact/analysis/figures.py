@@ -122,15 +122,16 @@ def load_runs_quietly(paths: list[Path]) -> list[Run]:
 
 def usual_threshold(runs: list[Run]) -> float:
     """The lexical threshold most of the runs were analysed with (the default when none was)."""
-    found = Counter(run.threshold for run in runs if run.matcher == "lexical" and saved_threshold(run) is not None)
+    found = Counter(t for run in runs if run.matcher == "lexical" and (t := saved_threshold(run)) is not None)
     return float(found.most_common(1)[0][0]) if found else AnalysisConfig().match_threshold
 
 
 def saved_threshold(run: Run) -> float | None:
     """The threshold the run's own analysis.json names, when it is one a matcher can use; None otherwise."""
     value = run.threshold
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
-    return float(value) if ok else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1:
+        return float(value)
+    return None
 
 
 def _item(row: dict) -> Item | None:
