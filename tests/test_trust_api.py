@@ -90,13 +90,14 @@ def test_a_dataset_folder_whose_name_holds_interpolation_syntax_is_read(tmp_path
     assert typed(OmegaConf.load(tmp_path / "r${y}" / ".hydra" / "config.yaml")).data.dir == str(data)
 
 
-@pytest.mark.parametrize("key", ["../../../../escaped", "/tmp/reflact-absolute-key", "a/b", "..", "", "x\ny", 7.5, None])
+@pytest.mark.parametrize("key", ["../../../../escaped", "ABSOLUTE", "a/b", "..", "", "x\ny", 7.5, None])
 def test_conversation_keys_from_python_are_checked_before_anything_is_written(tmp_path, server, key):
+    key = str(tmp_path / "escaped") if key == "ABSOLUTE" else key
     results = [{"id": "run_1", "hard": 0}]
     with pytest.raises(UserError, match="conversations"):
         reflact.reflect(results=results, skill="s", conversations={key: []}, run_dir=tmp_path / "runs" / "run",
                         overrides=settings_for(server), launch_dir=tmp_path)
-    assert not (tmp_path / "escaped").exists() and not Path("/tmp/reflact-absolute-key").exists()
+    assert not (tmp_path / "escaped").exists()
     assert not (tmp_path / "runs").exists() and server.count == 0  # the run dir made for it went again
 
 
