@@ -25,11 +25,19 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from reflact.analysis.figures import Run, analyse, load_run, seed_agreement, seed_by_cell, seed_metrics
+from reflact.analysis.figures import (
+    Run,
+    analyse,
+    load_run,
+    saved_threshold,
+    seed_agreement,
+    seed_by_cell,
+    seed_metrics,
+)
 from reflact.config import AnalysisConfig, Matcher, ReflactConfig, check_threshold
 from reflact.errors import UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
-from reflact.running.rundir import RunDir, SweepDir
+from reflact.running.rundir import ANALYSIS, RunDir, SweepDir
 
 log = logging.getLogger("reflact")
 SHOWN = ("edits", "distinct_edits", "distinct_edits_per_usd", "redundancy", "agreement")
@@ -62,7 +70,13 @@ def pick_threshold(given: float | None, runs: list[Run], matcher: str = "lexical
     else None (the matcher's default)."""
     if given is not None:
         return check_threshold(given, "--threshold")
-    found = sorted({run.threshold for run in runs if run.threshold is not None and run.matcher == matcher})
+    for run in runs:
+        if run.threshold is not None and run.matcher == matcher and saved_threshold(run) is None:
+            raise UserError(
+                f"{run.path / ANALYSIS}: damaged (threshold {repr(run.threshold)[:40]} is not a number in (0, 1]); "
+                "choose one with --threshold"
+            )
+    found = sorted({t for run in runs if run.matcher == matcher and (t := saved_threshold(run)) is not None})
     if len(found) > 1:
         raise UserError(
             f"the runs were analysed with different match thresholds ({', '.join(map(str, found))}); "
@@ -77,23 +91,31 @@ def settings(run_dirs: list[Path], matcher: str | None, overrides: list[str]) ->
         from omegaconf import OmegaConf
         from omegaconf.errors import OmegaConfBaseException
 
-    from reflact.config import _check_analysis, _price, register, typed
+    from reflact.analysis.records import saved_yaml
+    from reflact.config import _check_analysis, _price, literal, register, typed
 
     register()  # a saved config names shipped files as ${shipped:...}
     saved = next((p / ".hydra" / "config.yaml" for p in run_dirs if (p / ".hydra" / "config.yaml").is_file()), None)
-    base = OmegaConf.load(saved) if saved else OmegaConf.structured(ReflactConfig)
     for item in overrides:
         if not item.startswith(("analysis.", "optimizer.")) or "=" not in item:
             raise UserError(f"--set {item}: give KEY=VALUE with a key under analysis. or optimizer.")
     try:
-        cfg = typed(OmegaConf.merge(base, OmegaConf.from_dotlist(overrides)))
+        base = typed(saved_yaml(saved)) if saved else ReflactConfig()
     except OmegaConfBaseException as exc:
-        raise UserError(f"--set: {' '.join(str(exc).split())[:200]}") from None
+        raise UserError(f"{saved}: damaged ({_first_line(exc)})") from None
+    try:
+        cfg = typed(OmegaConf.merge(OmegaConf.structured(literal(base)), OmegaConf.from_dotlist(overrides)))
+    except OmegaConfBaseException as exc:
+        raise UserError(f"--set: {_first_line(exc)}") from None
     if matcher is not None:
         cfg.analysis.matcher = Matcher(matcher)
     cfg.optimizer.prices = {m: _price(m, p) for m, p in cfg.optimizer.prices.items()}
     _check_analysis(cfg)
     return cfg
+
+
+def _first_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:200]
 
 
 def figures(runs: list[Run], matcher) -> dict:

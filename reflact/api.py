@@ -17,17 +17,22 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import threading
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from reflact.config import ReflactConfig
+from reflact.config import ReflactConfig, literal
+from reflact.errors import UserError, user_error_message
 from reflact.imports import one_at_a_time
 from reflact.running.outcome import WITH_PATCH
 
 log = logging.getLogger("reflact")
+# Hydra's compose API works on one process-wide instance: one composition at a time
+_COMPOSING = threading.Lock()
 
 
 @dataclass
@@ -67,20 +72,28 @@ def reflect(
     Raises reflact.errors.UserError for a mistake in the settings or inputs (nothing is called),
     reflact.errors.Stopped on Ctrl-C (nothing new is called, what was made is kept).
     """
+    check_arguments(data=data, predictions=predictions, run_dir=run_dir, launch_dir=launch_dir)
+    launch = usable_folder(Path(launch_dir or Path.cwd()).resolve(), "launch_dir")
+    cfg = compose(overrides) if config is None else with_overrides(config, overrides)
+    folder = usable_folder(Path(run_dir).resolve(), "run_dir") if run_dir else new_run_dir(launch)
+    given = results is not None or skill is not None or conversations is not None
+    inputs = python_inputs(results, skill, conversations, predictions) if given else None
+    return _reflect(cfg, data, inputs, folder, launch)
+
+
+def _reflect(cfg: ReflactConfig, data, inputs: PythonInputs | None, folder: Path, launch: Path) -> Reflection:
     from reflact.config import from_hydra
     from reflact.running.newdir import discarded_on_mistake, first_missing
 
-    launch = Path(launch_dir or Path.cwd()).resolve()
-    cfg = compose(overrides) if config is None else with_overrides(config, overrides)
-    folder = Path(run_dir).resolve() if run_dir else new_run_dir(launch)
     # a folder made here goes again when a mistake stops the run before any call
     with discarded_on_mistake(folder, first_missing(folder), {"inputs"}):
-        if results is not None or skill is not None or conversations is not None:
-            write_inputs(cfg, folder / "inputs", results, skill, conversations, predictions)
+        if inputs is not None:
+            inputs.write(cfg, folder / "inputs")
         elif data is not None:
             cfg.data.dir = str(Path(data).resolve())
-        cfg, params = from_hydra(_structured(cfg))
-        with _logging_shown():
+        with as_user_error():
+            cfg, params = from_hydra(_structured(cfg))
+        with _logging_shown(), environment_kept("MLFLOW_"):
             return run(cfg, params, folder, launch)
 
 
@@ -112,9 +125,11 @@ def compose(overrides: Sequence[str] = ()) -> ReflactConfig:
     from reflact.shipped import conf_dir
 
     config.register()
-    with _own_hydra(), initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        dict_cfg = hydra_compose(config_name="config", overrides=list(overrides))
-    return config.typed(dict_cfg)
+    given = _overrides(overrides)
+    with as_user_error(), _COMPOSING, _own_hydra():
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            dict_cfg = hydra_compose(config_name="config", overrides=given)
+        return config.typed(dict_cfg)
 
 
 def with_overrides(cfg: ReflactConfig, overrides: Sequence[str]) -> ReflactConfig:
@@ -122,8 +137,9 @@ def with_overrides(cfg: ReflactConfig, overrides: Sequence[str]) -> ReflactConfi
     with one_at_a_time():
         from omegaconf import OmegaConf
 
-    from reflact.errors import UserError
-
+    if not isinstance(cfg, ReflactConfig):
+        raise UserError(f"config: expected a ReflactConfig (reflact.api.compose makes one), got {type(cfg).__name__}")
+    overrides = _overrides(overrides)
     for override in overrides:
         key = override.split("=", 1)[0]
         if "=" not in override or "." not in key.lstrip("+"):
@@ -131,27 +147,121 @@ def with_overrides(cfg: ReflactConfig, overrides: Sequence[str]) -> ReflactConfi
                 f"overrides: {override!r}: with a config object only key=value settings apply "
                 "(for config groups such as optimizer=... pass overrides without a config)"
             )
-    merged = OmegaConf.merge(_structured(cfg), OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
-    return cast(ReflactConfig, OmegaConf.to_object(merged))
+    with as_user_error():
+        merged = OmegaConf.merge(_structured(cfg), OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
+        return cast(ReflactConfig, OmegaConf.to_object(merged))
 
 
-def write_inputs(cfg: ReflactConfig, folder: Path, results, skill, conversations, predictions) -> None:
-    """Python objects as a dataset folder inside the run dir; `cfg.data` then points at it."""
-    from reflact.errors import UserError
-    from reflact.files import write_json, write_text
+@dataclass
+class PythonInputs:
+    """The results, skill and conversations given as Python objects, checked and serialised before
+    anything is written: ids and keys meet the checks ids from files meet, so none names a path."""
 
+    skill: str
+    results_jsonl: str
+    conversations: dict[str, str] = field(default_factory=dict)  # id -> conversation.json's text
+    predictions: Path | None = None
+
+    def write(self, cfg: ReflactConfig, folder: Path) -> None:
+        """As a dataset folder inside the run dir; `cfg.data` then points at it."""
+        from reflact.files import write_text
+
+        write_text(folder / "skill.md", self.skill)
+        write_text(folder / "results.jsonl", self.results_jsonl)
+        for run_id, text in self.conversations.items():
+            write_text(folder / "predictions" / run_id / "conversation.json", text)
+        cfg.data.dir = None
+        cfg.data.skill, cfg.data.results = str(folder / "skill.md"), str(folder / "results.jsonl")
+        cfg.data.predictions = str(self.predictions or folder / "predictions")
+
+
+def python_inputs(results, skill, conversations, predictions) -> PythonInputs:
+    """The Python objects checked: a UserError names the argument, row or key at fault."""
     if results is None or skill is None or (conversations is None and predictions is None):
         raise UserError(
             "reflect(): give results, skill and conversations (or a predictions folder), or a dataset folder as `data`"
         )
-    rows = list(results)
-    write_text(folder / "skill.md", skill)
-    write_text(folder / "results.jsonl", "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-    for run_id, conversation in (conversations or {}).items():
-        write_json(folder / "predictions" / str(run_id) / "conversation.json", conversation)
-    cfg.data.dir = None
-    cfg.data.skill, cfg.data.results = str(folder / "skill.md"), str(folder / "results.jsonl")
-    cfg.data.predictions = str(Path(predictions).resolve() if predictions is not None else folder / "predictions")
+    if not isinstance(skill, str):
+        raise UserError(f"reflect(): skill must be text (str), got {type(skill).__name__}")
+    if isinstance(results, (str, bytes, dict)) or not isinstance(results, Iterable):
+        raise UserError(f"reflect(): results must be a list of dicts, got {type(results).__name__}")
+    lines = [_json_line(row, f"results[{n}]") for n, row in enumerate(results)]
+    given = Path(predictions).resolve() if predictions is not None else None
+    return PythonInputs(skill, "".join(lines), _conversations(conversations), given)
+
+
+def _conversations(conversations) -> dict[str, str]:
+    from reflact.inputs.dataset import check_id
+
+    if conversations is None:
+        return {}
+    if not isinstance(conversations, dict):
+        got = type(conversations).__name__
+        raise UserError(f"reflect(): conversations must be a dict of id -> messages, got {got}")
+    texts: dict[str, str] = {}
+    for key, conversation in conversations.items():
+        run_id = check_id(key, f"reflect(): conversations key {str(key)[:60]!r}")
+        if run_id in texts:
+            raise UserError(f"reflect(): conversations: the id {run_id!r} is given twice")
+        texts[run_id] = _json_text(conversation, f"conversations[{run_id!r}]", indent=2)
+    return texts
+
+
+def _json_line(row: object, where: str) -> str:
+    if not isinstance(row, dict):
+        raise UserError(f"reflect(): {where} must be a dict, got {type(row).__name__}")
+    return _json_text(row, where) + "\n"
+
+
+def _json_text(value: object, where: str, indent: int | None = None) -> str:
+    """JSON of plain Python values only: a numpy number, bytes or NaN is the caller's to convert."""
+    try:
+        return json.dumps(value, ensure_ascii=False, indent=indent, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        why = " ".join(str(exc).split())[:120]
+        raise UserError(f"reflect(): {where} is not plain JSON data ({why}); use str, int, float, list, dict") from None
+
+
+def check_arguments(**paths: object) -> None:
+    """Path arguments: a str or a path, not empty (None: not given)."""
+    for name, value in paths.items():
+        if value is None:
+            continue
+        if not isinstance(value, (str, os.PathLike)) or not str(os.fspath(value)).strip():
+            raise UserError(f"reflect(): {name} must be a folder's path, got {_shown(value)}")
+
+
+def usable_folder(path: Path, name: str) -> Path:
+    """A folder the run may make or use: neither it nor the nearest folder above it that exists is a file."""
+    existing = next((p for p in [path, *path.parents] if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UserError(f"{name}: {existing} is a file, not a folder")
+    return path
+
+
+def _overrides(overrides: object) -> list[str]:
+    if isinstance(overrides, (str, bytes)) or not all(isinstance(o, str) for o in cast(Iterable, overrides)):
+        raise UserError('overrides must be a list of "key=value" strings')
+    return list(cast(Iterable[str], overrides))
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}" if not isinstance(value, str) else "an empty text"
+
+
+@contextlib.contextmanager
+def as_user_error() -> Iterator[None]:
+    """Hydra's and OmegaConf's complaints about the settings, as the one-line UserError."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:
+        message = user_error_message(exc)
+        if message is None:
+            raise
+        raise UserError(message) from None
 
 
 def new_run_dir(launch: Path) -> Path:
@@ -175,10 +285,12 @@ def _record_config(cfg: ReflactConfig, run_dir: Path) -> None:
 
 
 def _structured(cfg: ReflactConfig):
+    """The config as OmegaConf's node, its texts literal: a `${` a caller wrote is data, never interpolated."""
     with one_at_a_time():
         from omegaconf import OmegaConf
 
-    return OmegaConf.structured(cfg)
+    with as_user_error():
+        return OmegaConf.structured(literal(cfg))
 
 
 @contextlib.contextmanager
@@ -212,3 +324,42 @@ def _logging_shown():
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
+
+
+@dataclass
+class _KeptEnvironment:
+    """Variables under a prefix as they were before the first of the calls running now: MLflow's
+    settings reflact sets while tracking go again when the last call ends (not while another runs)."""
+
+    prefix: str
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    running: int = 0
+    before: dict[str, str] = field(default_factory=dict)
+
+    def enter(self) -> None:
+        with self.lock:
+            if self.running == 0:
+                self.before = {k: v for k, v in os.environ.items() if k.startswith(self.prefix)}
+            self.running += 1
+
+    def leave(self) -> None:
+        with self.lock:
+            self.running -= 1
+            if self.running:
+                return
+            for name in [k for k in os.environ if k.startswith(self.prefix) and k not in self.before]:
+                del os.environ[name]
+            os.environ.update(self.before)
+
+
+_KEPT = {"MLFLOW_": _KeptEnvironment("MLFLOW_")}
+
+
+@contextlib.contextmanager
+def environment_kept(prefix: str) -> Iterator[None]:
+    kept = _KEPT[prefix]
+    kept.enter()
+    try:
+        yield
+    finally:
+        kept.leave()

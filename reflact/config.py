@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, cast
@@ -20,6 +20,8 @@ from reflact.metrics import APPLY_METRICS, PROVENANCE_METRICS, RUN_METRICS
 from reflact.modes import get_mode, normalize_mode
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# `${` with the backslashes before it: what OmegaConf would read as an interpolation
+_INTERPOLATION = re.compile(r"(\\*)\$\{")
 # well-known prefixes of provider keys and tokens: such a value is a secret, never a name or a URL part
 _KEY_PREFIXES = ("sk-", "sk_", "sess-", "gsk_", "xai-", "pplx-", "hf_", "AIza", "ghp_", "github_pat_", "glpat-")
 _SECRET_WORDS = {
@@ -331,9 +333,25 @@ def _added_keys(node) -> bool:
     return False
 
 
+def literal(value: Any) -> Any:
+    """A typed config (or any value in it) whose texts OmegaConf reads back verbatim: each `${` is
+    escaped, and so are the backslashes before it. A config object's texts are data (a meta skill an
+    optimizer wrote, a folder named data_${x}): interpolating them could read any variable."""
+    if isinstance(value, str):
+        return _INTERPOLATION.sub(lambda m: m.group(1) * 2 + "\\${", value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return replace(value, **{f.name: literal(getattr(value, f.name)) for f in fields(value)})
+    if isinstance(value, list):
+        return [literal(v) for v in value]
+    if isinstance(value, dict):
+        return {k: literal(v) for k, v in value.items()}
+    return value
+
+
 def params(cfg: ReflactConfig) -> dict[str, str]:
     """The settings as `section.key` strings: what was set, leaving out empty ones, the Azure block
     unless in use and prices of other models (no secrets: keys are never in the config)."""
+    # from the dataclasses, not through OmegaConf: a text is never interpolated here
     tree = cast(dict, _plain(cfg))
     if cfg.optimizer.provider is not Provider.azure:
         del tree["optimizer"]["azure"]

@@ -18,7 +18,6 @@ from dataclasses import fields
 from pathlib import Path
 
 from reflact.errors import UserError, exits_on_user_error
-from reflact.imports import one_at_a_time
 from reflact.running.rundir import HYDRA, SUMMARY, RunDir
 
 log = logging.getLogger("reflact")
@@ -27,14 +26,15 @@ log = logging.getLogger("reflact")
 def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | None:
     """Logs the run dir as a new MLflow run (replacing the one it had); returns its id, or None
     (with a warning) when tracking failed."""
+    from reflact.analysis.records import finished_summary
     from reflact.running.summary import run_status
     from reflact.tracking.mirror import Mirror
     from reflact.tracking.store import Store, mlflow_globals_at, one_line
 
     rd = RunDir(run_dir.resolve())
-    summary = rd.summary()
-    if summary is None or not (rd / HYDRA / "config.yaml").is_file():
+    if rd.summary() is None or not (rd / HYDRA / "config.yaml").is_file():
         raise UserError(f"{run_dir}: not a finished run dir ({SUMMARY} and {HYDRA}/config.yaml are needed)")
+    summary = finished_summary(rd.root)  # the shape the stage writes, or one line naming the damage
     context = _context(rd, launch_dir, tracking_uri, summary)
     outcomes = _outcomes(summary)
     status, _ = run_status(summary["counts"], context.cfg, outcomes, rd.root)
@@ -54,18 +54,16 @@ def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | No
 
 def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: dict):
     """The run's context from its saved config (its dataset and templates when still there)."""
-    with one_at_a_time():
-        from omegaconf import OmegaConf
-
     from reflact import config
+    from reflact.analysis.records import saved_yaml
     from reflact.tracking.mirror import RunContext
     from reflact.tracking.store import tracking_uri as default_uri
 
     config.register()
-    cfg, params = config.from_hydra(OmegaConf.load(rd / HYDRA / "config.yaml"))
+    cfg, params = config.from_hydra(saved_yaml(rd / HYDRA / "config.yaml"))
     cfg.mlflow.tracking_uri = tracking_uri or default_uri(cfg, launch_dir)
     hydra_yaml = rd / HYDRA / "hydra.yaml"
-    hc = OmegaConf.load(hydra_yaml).hydra if hydra_yaml.is_file() else None
+    hc = saved_yaml(hydra_yaml).hydra if hydra_yaml.is_file() else None
     multirun = hc is not None and str(hc.mode) == "MULTIRUN"
     dataset, system = _inputs(cfg)
     return RunContext(

@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reflact.analysis.matching import Key, Lexical, item_key, match
+from reflact.analysis.matching import BUDGET_ITEM_CHARS, Key, Lexical, item_key, match, work, work_budget
+from reflact.analysis.records import finished_summary
 from reflact.config import AnalysisConfig
 from reflact.errors import UserError
 from reflact.modes import MODES
 from reflact.prompting.plan import Minibatch, parse_tag
 from reflact.running.outcome import WITH_PATCH
-from reflact.running.rundir import KEPT_ITEMS, SUMMARY, RunDir
+from reflact.running.rundir import KEPT_ITEMS, RunDir
 
 log = logging.getLogger("reflact")
 WARM_AFTER_S = 0.3  # the first requests go out before the analysis's imports compete for the GIL
@@ -59,7 +60,7 @@ class Run:
     cost_usd: float
     draws: Counter  # (group, index) -> draws of that minibatch with a patch
     items: list[Item] = field(default_factory=list)
-    threshold: float | None = None  # the one its own analysis used, if it has one
+    threshold: object = None  # the one its own analysis used, if it has one, as saved (saved_threshold checks it)
     matcher: str | None = None  # the matcher its own analysis used
     support_share: float | None = None  # reflect.provenance: kept items that name a trajectory
 
@@ -87,9 +88,7 @@ def load_run(root: Path) -> Run:
     """A finished run dir's settings, cost, draws and kept items; a UserError naming the folder when
     it is no finished run dir or its files cannot be read."""
     rd = RunDir(root)
-    summary = rd.summary()
-    if summary is None or not isinstance(summary.get("minibatches"), list):
-        raise UserError(f"{root}: not a finished run dir (no readable {SUMMARY})")
+    summary = finished_summary(root)
     draws: Counter = Counter()
     for record in summary["minibatches"]:
         where = parse_tag(str(record.get("tag", "")))
@@ -99,10 +98,13 @@ def load_run(root: Path) -> Run:
     run = Run(Path(root), summary.get("settings", {}), float(cost or 0.0), draws)
     try:
         run.items = [item for row in rd.kept_items() if (item := _item(row)) is not None]
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise UserError(f"{root}: {KEPT_ITEMS} is damaged (a line is not a kept item)") from None
+    except OSError as exc:
+        raise UserError(f"{root}: {KEPT_ITEMS} cannot be read ({exc.strerror or exc})") from None
     own = rd.analysis() or {}
-    run.threshold, run.matcher = own.get("threshold"), own.get("matcher", "lexical" if own else None)
+    matcher = own.get("matcher", "lexical" if own else None)
+    run.threshold, run.matcher = own.get("threshold"), None if matcher is None else str(matcher)
     run.support_share = summary.get("counts", {}).get("support_share")
     return run
 
@@ -120,8 +122,16 @@ def load_runs_quietly(paths: list[Path]) -> list[Run]:
 
 def usual_threshold(runs: list[Run]) -> float:
     """The lexical threshold most of the runs were analysed with (the default when none was)."""
-    found = Counter(run.threshold for run in runs if run.threshold is not None and run.matcher == "lexical")
+    found = Counter(t for run in runs if run.matcher == "lexical" and (t := saved_threshold(run)) is not None)
     return float(found.most_common(1)[0][0]) if found else AnalysisConfig().match_threshold
+
+
+def saved_threshold(run: Run) -> float | None:
+    """The threshold the run's own analysis.json names, when it is one a matcher can use; None otherwise."""
+    value = run.threshold
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1:
+        return float(value)
+    return None
 
 
 def _item(row: dict) -> Item | None:
@@ -256,12 +266,9 @@ def analyse_run_dir(run_dir: RunDir, chosen, max_items: int | None = None) -> di
     run = load_run(run_dir.root)
     described = chosen.matcher.describe()
     brief = {"edits": len(run.items), "matcher": described["matcher"], "threshold": described["threshold"]}
-    if max_items is not None and len(run.items) > max_items:
-        figures = {
-            **brief,
-            "skipped": f"{len(run.items)} kept items, over analysis.max_items={max_items}: run "
-            f"python -m reflact.analyze {run_dir.root} for the figures",
-        }
+    too_much = None if max_items is None else over_budget(run.items, max_items)
+    if too_much is not None:
+        figures = {**brief, "skipped": f"{too_much}: run python -m reflact.analyze {run_dir.root} for the figures"}
     else:
         try:
             figures = analyse(run, chosen.matcher)
@@ -271,6 +278,21 @@ def analyse_run_dir(run_dir: RunDir, chosen, max_items: int | None = None) -> di
     figures.update(chosen.usage())
     run_dir.write_analysis(figures)
     return figures
+
+
+def over_budget(items: list[Item], max_items: int) -> str | None:
+    """Why a run's own analysis is left out (too many items, or items too long to compare within
+    the work max_items short ones would take), None when it fits."""
+    if len(items) > max_items:
+        return f"{len(items)} kept items, over analysis.max_items={max_items}"
+    needed = work([item.key for item in items])
+    if needed > work_budget(max_items):
+        chars = sum(len(text) for item in items for text in item.key.texts)
+        return (
+            f"{len(items)} kept items of {chars} characters to compare, more work than "
+            f"analysis.max_items={max_items} items of {BUDGET_ITEM_CHARS} characters"
+        )
+    return None
 
 
 def warm() -> None:

@@ -18,11 +18,12 @@ matching is lexical: a paraphrase in other words does not match, while two rules
 only in a number do. `analysis.matcher` chooses another (reflact.analysis.embedding, reflact.analysis.judge): each
 matcher is an object with `chunks(keys)` (the matching pairs, chunk by chunk) and `describe()`.
 
-Speed and memory: within a block the texts are sorted by length and each chunk of rows is scored
-(all cores, `process.cdist` with the cutoff) only against the longer texts that could still reach
-it: a ratio of t needs the shorter text to be at least t / (2 - t) of the longer. The pairs found
-are used chunk by chunk (numpy, no Python loop over pairs) and never all kept, so templated items
-that all match one another cost time, not memory.
+Speed and memory: texts are compared by their first MAX_COMPARED_CHARS characters; within a block
+the texts are sorted by length and each chunk of rows is scored (all cores, `process.cdist` with the
+cutoff) only against the longer texts that could still reach it: a ratio of t needs the shorter text
+to be at least t / (2 - t) of the longer. The pairs found are used chunk by chunk (numpy, no Python
+loop over pairs) and never all kept, so templated items that all match one another cost time, not
+memory.
 """
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ if TYPE_CHECKING:  # numpy is imported where it is used (it is slow to import)
 
 SCORER = "rapidfuzz fuzz.ratio on lowercased, whitespace-collapsed, word-sorted text"
 CELLS_PER_CHUNK = 2_000_000  # scores computed at once (8 MB as float32); rows per chunk follow from it
+# a score costs about the product of the two lengths: a chunk holds at most this many character
+# pairs (a fraction of a second), so SIGTERM and Ctrl-C, handled between chunks, take effect soon
+PAIRS_PER_CHUNK = CELLS_PER_CHUNK * 100 * 100
+# an item's text is compared by its first characters only: an edit that says what to change is a
+# line or a paragraph, and a megabyte-long one would cost minutes per pair
+MAX_COMPARED_CHARS = 4000
+MAX_MEANING_CHARS = 16000  # what an embedding reads of it (inside an embedding model's input limit)
+# the work (character pairs, see work()) a run's own analysis may take: as much as
+# analysis.max_items items of this many characters would
+BUDGET_ITEM_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -63,12 +74,29 @@ class Lexical:
 
 
 def collapse(text: object) -> str:
-    return " ".join(str(text or "").split())
+    return " ".join(str(text or "")[:MAX_MEANING_CHARS].split())
 
 
 def normalise(text: object) -> str:
-    """Lowercase, whitespace collapsed, words sorted (so word order does not count)."""
-    return " ".join(sorted(str(text or "").lower().split()))
+    """Lowercase, whitespace collapsed, words sorted (so word order does not count), of the text's
+    first MAX_COMPARED_CHARS characters (cut before sorting: two long texts that differ stay apart)."""
+    return " ".join(sorted(str(text or "")[:MAX_COMPARED_CHARS].lower().split()))
+
+
+def work(keys: list[Key | None]) -> int:
+    """What matching the keys costs, in character pairs: within each block, every pair of items,
+    each with all its compared texts."""
+    total = 0
+    for members in blocks_of(keys):
+        chars = sum(sum(len(text) for text in cast(Key, keys[i]).texts) + 1 for i in members)
+        total += chars * chars // 2
+    return total
+
+
+def work_budget(max_items: int) -> int:
+    """The work a run's own analysis may take (module constants)."""
+    chars = max_items * BUDGET_ITEM_CHARS
+    return chars * chars // 2
 
 
 def item_key(item: object) -> Key | None:
@@ -175,10 +203,11 @@ def _block_chunks(keys: list[Key], threshold: float):
     order = np.array(sorted(range(len(keys)), key=lambda i: len(keys[i].texts[0])), dtype=np.int64)
     fields = [[keys[i].texts[f] for i in order] for f in range(len(keys[0].texts))]
     lengths = np.array([len(text) for text in fields[0]])
+    sizes = np.array([sum(len(text) for text in keys[i].texts) + 1 for i in order])  # what each one costs
     stretch = (2 - threshold) / threshold  # how much longer a text may be and still match
-    rows = max(16, min(1024, CELLS_PER_CHUNK // max(len(keys), 1)))
-    for start in range(0, len(keys), rows):
-        stop = min(start + rows, len(keys))
+    start = 0
+    while start < len(keys):
+        stop = start + _rows(sizes, start)
         reach = int(np.searchsorted(lengths, lengths[stop - 1] * stretch + 1e-9, side="right"))
         found: Any = None  # the scores' mask, once the first field is scored
         for texts in fields:  # cdist leaves every score below the cutoff at 0
@@ -194,6 +223,16 @@ def _block_chunks(keys: list[Key], threshold: float):
         row, col = np.nonzero(found)
         later = col > row  # the window starts at the chunk's first row: each pair once
         yield order[start + row[later]], order[start + col[later]]
+        start = stop
+
+
+def _rows(sizes, start: int) -> int:
+    """Rows of the chunk from `start`: at most CELLS_PER_CHUNK scores and PAIRS_PER_CHUNK character
+    pairs, counting each row with its largest text and each column with the largest of all."""
+    n = len(sizes)
+    rows = min(max(16, min(1024, CELLS_PER_CHUNK // max(n, 1))), n - start)
+    largest_row, largest = int(sizes[start : start + rows].max()), int(sizes.max())
+    return min(rows, max(1, PAIRS_PER_CHUNK // ((n - start) * largest_row * largest)))
 
 
 def warm_imports() -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -74,7 +75,7 @@ def run_minibatch_reflect(
     record beside them, launched from there (its default outputs/ are in it, not in the trainer's cwd)."""
     from reflact.api import reflect
 
-    out = Path(patches_dir)
+    out = _patches_dir(patches_dir)
     run_dir, cfg = out.with_name(out.name + ".reflact"), _config(config, overrides)
     r = cfg.reflect
     r.workers, r.failure_only, r.minibatch_size, r.edit_budget = workers, failure_only, minibatch_size, edit_budget
@@ -88,6 +89,17 @@ def run_minibatch_reflect(
     _count_calls(done)
     return _leave(done.patches, out)
 # fmt: on
+
+
+def _patches_dir(patches_dir: object) -> Path:
+    """Where the patches go: a folder's path (made if missing), known to be usable before any call."""
+    if not isinstance(patches_dir, (str, os.PathLike)) or not str(os.fspath(patches_dir)).strip():
+        raise UserError(f"patches_dir must be a folder's path, got {patches_dir!r}")
+    from reflact.api import usable_folder
+
+    out = Path(patches_dir).resolve()
+    usable_folder(out.with_name(out.name + ".reflact"), "patches_dir")
+    return usable_folder(out, "patches_dir")
 
 
 def _leave(saved: dict[str, dict], patches_dir: Path) -> list[dict]:
@@ -161,7 +173,12 @@ def _config(config: ReflactConfig | None, overrides: Sequence[str]) -> ReflactCo
     """reflact's config when given; else SkillOpt's settings (OPENAI_BASE_URL still names the server)."""
     from reflact.api import compose, with_overrides
 
-    return with_overrides(compose(skillopt_settings.endpoint_overrides()) if config is None else config, overrides)
+    if config is not None:
+        return with_overrides(config, overrides)
+    endpoint = skillopt_settings.endpoint_overrides()
+    cfg = compose(endpoint.groups)
+    endpoint.apply(cfg)
+    return with_overrides(cfg, overrides)
 
 
 def _skill_aware(cfg: ReflactConfig, enabled: bool | None, appendix_source: str | None, read_skillopt: bool) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from reflact.errors import UserError
 from reflact.imports import one_at_a_time
@@ -22,21 +23,44 @@ KEY_MODES = ("api_key", "key")
 KEY_VARIABLES = ("OPTIMIZER_AZURE_OPENAI_API_KEY", "AZURE_OPENAI_OPTIMIZER_API_KEY", "AZURE_OPENAI_API_KEY")
 
 
-def endpoint_overrides(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The optimizer settings as overrides: OPENAI_BASE_URL wins when set (it names a server);
-    otherwise the endpoint SkillOpt's optimizer backend is configured with; with neither, reflact's
-    default (OpenAI, OPENAI_API_KEY). The model is SkillOpt's optimizer deployment in every case."""
+@dataclass
+class Endpoint:
+    """The optimizer settings SkillOpt's reflect would use: config groups to compose (`optimizer=azure`),
+    then values set on the typed config. The values are never written as override text: a URL or a
+    name from the environment is data (an override would parse its `=`, quotes and `${`)."""
+
+    groups: list[str] = field(default_factory=list)
+    values: dict[str, str] = field(default_factory=dict)  # `section.key` -> its value
+
+    def apply(self, cfg) -> None:
+        for dotted, value in self.values.items():
+            *path, name = dotted.split(".")
+            node = cfg
+            for part in path:
+                node = getattr(node, part)
+            setattr(node, name, value)
+
+
+def endpoint_overrides(environ: Mapping[str, str] | None = None) -> Endpoint:
+    """The optimizer settings: OPENAI_BASE_URL wins when set (it names a server); otherwise the
+    endpoint SkillOpt's optimizer backend is configured with; with neither, reflact's default
+    (OpenAI, OPENAI_API_KEY). The model is SkillOpt's optimizer deployment in every case."""
     environ = os.environ if environ is None else environ
     backend = _skillopt_backend()
     if environ.get("OPENAI_BASE_URL"):
-        endpoint = [f"optimizer.base_url={environ['OPENAI_BASE_URL']}"]
+        endpoint = Endpoint(values={"optimizer.base_url": environ["OPENAI_BASE_URL"]})
     elif backend is not None:
         _check_protocol()
-        endpoint = _backend_endpoint(backend, environ) if backend.OPTIMIZER_ENDPOINT else []
+        endpoint = _backend_endpoint(backend, environ) if backend.OPTIMIZER_ENDPOINT else Endpoint()
     else:
-        endpoint = []
+        endpoint = Endpoint()
     model = backend.OPTIMIZER_DEPLOYMENT if backend is not None else environ.get("OPTIMIZER_DEPLOYMENT")
-    return endpoint + ([f"optimizer.model={model}"] if model else []) + _effort(backend)
+    if model:
+        endpoint.values["optimizer.model"] = str(model)
+    effort = backend.get_reasoning_effort() if backend is not None else None
+    if effort:
+        endpoint.values["optimizer.reasoning_effort"] = str(effort)
+    return endpoint
 
 
 def skill_aware() -> tuple[bool, str] | None:
@@ -78,25 +102,25 @@ def _check_protocol() -> None:
         )
 
 
-def _backend_endpoint(backend, environ) -> list[str]:
+def _backend_endpoint(backend, environ) -> Endpoint:
     """Azure with a key, or any OpenAI-compatible server, as SkillOpt's optimizer client would reach it."""
-    mode, endpoint = backend.OPTIMIZER_AUTH_MODE, backend.OPTIMIZER_ENDPOINT
-    key_env = f"optimizer.api_key_env={_key_variable(backend.OPTIMIZER_API_KEY, environ)}"
+    mode, endpoint = backend.OPTIMIZER_AUTH_MODE, str(backend.OPTIMIZER_ENDPOINT)
+    key_env = _key_variable(backend.OPTIMIZER_API_KEY, environ)
     if mode in COMPATIBLE_MODES:
-        return [
-            "optimizer=compatible",
-            f"optimizer.base_url={endpoint.rstrip('/')}",
-            key_env,
-            "optimizer.token_limit_param=max_completion_tokens",
-        ]  # as SkillOpt's client sends it
+        values = {
+            "optimizer.base_url": endpoint.rstrip("/"),
+            "optimizer.api_key_env": key_env,
+            "optimizer.token_limit_param": "max_completion_tokens",  # as SkillOpt's client sends it
+        }
+        return Endpoint(["optimizer=compatible"], values)
     if mode in KEY_MODES:
-        return [
-            "optimizer=azure",
-            f"optimizer.azure.endpoint={endpoint}",
-            f"optimizer.azure.deployment={backend.OPTIMIZER_DEPLOYMENT}",
-            f"optimizer.azure.api_version={backend.OPTIMIZER_API_VERSION}",
-            key_env,
-        ]
+        values = {
+            "optimizer.azure.endpoint": endpoint,
+            "optimizer.azure.deployment": str(backend.OPTIMIZER_DEPLOYMENT),
+            "optimizer.azure.api_version": str(backend.OPTIMIZER_API_VERSION),
+            "optimizer.api_key_env": key_env,
+        }
+        return Endpoint(["optimizer=azure"], values)
     raise UserError(
         f"SkillOpt's optimizer auth mode is {mode!r} (Azure AD token auth): reflact's client takes a "
         "key only; set optimizer_azure_openai_auth_mode to api_key or openai_compatible, or pass config="
@@ -107,8 +131,3 @@ def _key_variable(key: str, environ) -> str:
     """The variable holding SkillOpt's optimizer key (SkillOpt's own name when it has none: reflact
     then sends no key, never another variable's)."""
     return next((name for name in KEY_VARIABLES if key and environ.get(name) == key), KEY_VARIABLES[0])
-
-
-def _effort(backend) -> list[str]:
-    effort = backend.get_reasoning_effort() if backend is not None else None
-    return [f"optimizer.reasoning_effort={effort}"] if effort else []

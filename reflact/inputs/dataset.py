@@ -125,6 +125,8 @@ def load_dataset(data: DataConfig) -> Dataset:
     root = _predictions_root(data, predictions)
     name_max = _name_max(root.real)
     results = load_results(results_path, max_bytes, root=None if data.results else base, name_max=name_max)
+    if results and not predictions.is_dir():  # a mistyped folder would skip every run, after no call
+        raise UserError(f"data.predictions: no such folder: {predictions} (each run's conversation is read there)")
     dataset = Dataset(
         skill=skill,
         results=results,
@@ -342,7 +344,7 @@ def load_results(path: Path, max_bytes: int, root: Folder | None = None, name_ma
         raise UserError(f"data.results: no such file: {path}")
     read_located(real, path, max_bytes, size_only=True)
     with open_regular(real, path) as handle:
-        is_array = handle.read(4096).lstrip().startswith(b"[")
+        is_array = _first_byte(handle) == b"["
     rows = _json_array_rows(path, real, max_bytes, name_max) if is_array else _jsonl_rows(path, real, name_max)
     seen: dict[str, str] = {}
     results = []
@@ -353,6 +355,15 @@ def load_results(path: Path, max_bytes: int, root: Folder | None = None, name_ma
         results.append(result)
     # no lines, blank lines only, or []: a dataset of zero results (the stage still logs its summary)
     return sorted(results, key=lambda r: r.id)
+
+
+def _first_byte(handle: BinaryIO) -> bytes:
+    """The first byte that is not whitespace (however much whitespace comes first), b"" for none."""
+    while chunk := handle.read(65536):
+        text = chunk.lstrip()
+        if text:
+            return text[:1]
+    return b""
 
 
 def _jsonl_rows(path: Path, real: Path, name_max: int):

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from reflact.errors import UserError, exits_on_user_error
-from reflact.files import write_json, write_text
+from reflact.files import write_text
 
 FORMATS = ("taubench", "chat_jsonl")
 TAU_TASK_TYPE = "tau-bench"
@@ -294,25 +295,48 @@ def check_output(out: Path, force: bool) -> None:
         raise UserError(f"{out}: already holds a dataset (results.jsonl); pass --force to overwrite it")
 
 
-def write_dataset(imported: Imported, out: Path) -> None:
-    """Conversations first, results.jsonl last: its presence marks a complete import."""
+def write_dataset(imported: Imported, out: Path, max_file_mb: float | None = None) -> None:
+    """Conversations first, results.jsonl last: its presence marks a complete import. Every file is
+    made in memory first: one reflact would refuse to read (over `max_file_mb`, data.max_file_mb's
+    default when None) stops the import before anything is written."""
+    conversations = [
+        (out / "predictions" / run.id / "conversation.json", json.dumps(run.conversation, ensure_ascii=False, indent=2))
+        for run in imported.runs
+    ]
+    results = "".join(json.dumps(run.result, ensure_ascii=False) + "\n" for run in imported.runs)
+    _check_sizes([*conversations, (out / "results.jsonl", results)], max_file_mb)
     try:
-        for run in imported.runs:
-            write_json(out / "predictions" / run.id / "conversation.json", run.conversation)
+        for path, text in conversations:
+            write_text(path, text + "\n")
         write_text(out / "skill.md", imported.skill)
-        lines = [json.dumps(run.result, ensure_ascii=False) + "\n" for run in imported.runs]
-        write_text(out / "results.jsonl", "".join(lines))
+        write_text(out / "results.jsonl", results)
     except OSError as exc:
         raise UserError(f"{exc.filename or out}: cannot write ({exc.strerror})") from None
 
 
-def import_runs(fmt: str, source: Path, out: Path, force: bool = False) -> Imported:
+def _check_sizes(files: list[tuple[Path, str]], max_file_mb: float | None) -> None:
+    from reflact.config import DataConfig
+
+    limit_mb = DataConfig().max_file_mb if max_file_mb is None else max_file_mb
+    for path, text in files:
+        size = len(text.encode("utf-8", "surrogatepass")) + 1
+        if size > limit_mb * 1024 * 1024:
+            raise UserError(
+                f"{path}: would be {size / 1024 / 1024:.1f} MB, over the {limit_mb:g} MB reflact reads "
+                "(data.max_file_mb); nothing was written: pass --max-file-mb N here and data.max_file_mb=N "
+                "to the run, or import fewer runs"
+            )
+
+
+def import_runs(fmt: str, source: Path, out: Path, force: bool = False, max_file_mb: float | None = None) -> Imported:
     """Read `source` in format `fmt` and write the dataset folder `out`."""
     if fmt not in LOADERS:
         raise UserError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+    if max_file_mb is not None and not (math.isfinite(max_file_mb) and max_file_mb > 0):
+        raise UserError(f"--max-file-mb must be a positive number, got {max_file_mb}")
     check_output(out, force)
     imported = LOADERS[fmt](source)
-    write_dataset(imported, out)
+    write_dataset(imported, out, max_file_mb)
     return imported
 
 
@@ -338,13 +362,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("input", type=Path, help="the log file to read")
     parser.add_argument("dataset_dir", type=Path, help="the dataset folder to write")
     parser.add_argument("--force", action="store_true", help="overwrite a folder that already has a results.jsonl")
+    parser.add_argument(
+        "--max-file-mb",
+        type=float,
+        default=None,
+        help="the largest file to write, as data.max_file_mb of the runs that will read it (default: its default, 64)",
+    )
     return parser
 
 
 @exits_on_user_error
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    imported = import_runs(args.format, args.input, args.dataset_dir, args.force)
+    imported = import_runs(args.format, args.input, args.dataset_dir, args.force, args.max_file_mb)
     for warning in imported.warnings:
         print(f"reflact: warning: {warning}", file=sys.stderr)
     print(summary(imported, args.dataset_dir))

@@ -266,6 +266,15 @@ def report_sweep(client, sweep_id: str, out: Path, parent_run_id: str | None = N
     return paths
 
 
+def _check_store(uri: str) -> None:
+    """A report only reads: a local sqlite store that is not there has no sweep (opening it would
+    make an empty one, outputs/mlflow.db, in whatever folder the command ran)."""
+    if uri.startswith("sqlite:///") and uri != "sqlite:///:memory:":
+        path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+        if not path.is_file():
+            raise UserError(f"no MLflow store at {path}: run from the sweep's launch folder or pass --tracking-uri")
+
+
 @exits_on_user_error
 def main(argv: list[str] | None = None) -> int:
     from reflact.tracking.store import default_tracking_uri
@@ -275,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", default=default_tracking_uri(Path.cwd()))
     parser.add_argument("--out", type=Path, default=None, help="folder for the report (default: the sweep id)")
     args = parser.parse_args(argv)
+    _check_store(args.tracking_uri)
     with one_at_a_time():
         from mlflow.tracking import MlflowClient
 
