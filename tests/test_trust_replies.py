@@ -104,12 +104,13 @@ def test_results_and_imports_with_lone_surrogates_are_written(tmp_path):
 
 
 def test_api_inputs_with_lone_surrogates_are_written(tmp_path):
-    from reflact.api import write_inputs
+    from reflact.api import python_inputs
 
     cfg = make_config(f"data.dir={tmp_path}", "optimizer.base_url=http://127.0.0.1:9", "optimizer.model=test")
     results = [{"id": "r1", "hard": 0, "task_description": f"cut {HALF_EMOJI}"}]
-    write_inputs(cfg, tmp_path / "in", results, f"# skill {HALF_EMOJI}",
-                 {"r1": [{"role": "user", "content": f"hi {HALF_EMOJI}"}]}, None)
+    inputs = python_inputs(results, f"# skill {HALF_EMOJI}", {"r1": [{"role": "user", "content": f"hi {HALF_EMOJI}"}]},
+                           None)
+    inputs.write(cfg, tmp_path / "in")
     for name in ("skill.md", "results.jsonl", "predictions/r1/conversation.json"):
         assert "\ufffd" in utf8(tmp_path / "in" / name), name
 
