@@ -113,7 +113,7 @@ def compose(overrides: Sequence[str] = ()) -> ReflactConfig:
 
     config.register()
     with _own_hydra(), initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        dict_cfg = hydra_compose(config_name="config", overrides=list(overrides))
+        dict_cfg = hydra_compose(config_name="config", overrides=config.hydra_spelling(overrides))
     return config.typed(dict_cfg)
 
 

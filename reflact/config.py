@@ -7,7 +7,9 @@ these typed nodes; `validate` adds the range and choice checks and names the key
 from __future__ import annotations
 
 import math
+import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -277,10 +279,31 @@ def unchanging_overrides(overrides) -> list[str]:
     return [key for key in keys if unchanging(key) or key.replace("/", ".").split(".")[0] in LAUNCH]
 
 
+# config groups reflact's defaults leave out: `exp=demo` picks one as for any group, and Hydra's own
+# spelling for adding a group, `+exp=demo`, works too
+ADDED_GROUPS = ("exp", "cluster")
+
+
+def hydra_spelling(overrides: Sequence[str]) -> list[str]:
+    """The overrides with `exp=<name>` spelled `+exp=<name>` (and `cluster=`). Hydra 1.3 takes one
+    spelling per group: with `exp: null` in the defaults `+exp=` fails ("Multiple values for exp"),
+    without it `exp=` fails ("No match in the defaults list"). Kept out of the defaults and spelled
+    `+exp=`, both work and name the job folders sweeps always had (`+exp=demo,...`)."""
+    return [f"+{o}" if o.split("=", 1)[0] in ADDED_GROUPS and "=" in o else o for o in overrides]
+
+
+def key_variables(*names: str | None) -> dict[str, str]:
+    """The key variables among `names` that are set here, for a launcher that hands its jobs an
+    environment (conf/cluster/ray.yaml's runtime_env): one not set (a plain OpenAI user has no
+    Azure key) is left out, not an error. Resolved in memory when the launcher starts Ray: the
+    files of a sweep keep the interpolation, never a value."""
+    return {name: os.environ[name] for name in dict.fromkeys(names) if name and os.environ.get(name)}
+
+
 def register() -> None:
     """Make the schema available to conf/config.yaml's defaults list, `${shipped:demo}` to configs
-    that name files shipped with reflact (the demo dataset), wherever it is installed, and
-    `${unchanging:...}` to its job folder names."""
+    that name files shipped with reflact (the demo dataset), wherever it is installed,
+    `${unchanging:...}` to its job folder names and `${key_variables:...}` to the Ray preset."""
     with one_at_a_time():
         from hydra.core.config_store import ConfigStore
         from omegaconf import OmegaConf
@@ -292,6 +315,8 @@ def register() -> None:
         OmegaConf.register_new_resolver("shipped", lambda name: str(shipped_dir(name)))
     if not OmegaConf.has_resolver("unchanging"):
         OmegaConf.register_new_resolver("unchanging", unchanging_overrides)
+    if not OmegaConf.has_resolver("key_variables"):
+        OmegaConf.register_new_resolver("key_variables", key_variables)
 
 
 def from_hydra(dict_cfg) -> tuple[ReflactConfig, dict[str, str]]:
