@@ -7,7 +7,6 @@ these typed nodes; `validate` adds the range and choice checks and names the key
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -292,18 +291,10 @@ def hydra_spelling(overrides: Sequence[str]) -> list[str]:
     return [f"+{o}" if o.split("=", 1)[0] in ADDED_GROUPS and "=" in o else o for o in overrides]
 
 
-def key_variables(*names: str | None) -> dict[str, str]:
-    """The key variables among `names` that are set here, for a launcher that hands its jobs an
-    environment (conf/cluster/ray.yaml's runtime_env): one not set (a plain OpenAI user has no
-    Azure key) is left out, not an error. Resolved in memory when the launcher starts Ray: the
-    files of a sweep keep the interpolation, never a value."""
-    return {name: os.environ[name] for name in dict.fromkeys(names) if name and os.environ.get(name)}
-
-
 def register() -> None:
     """Make the schema available to conf/config.yaml's defaults list, `${shipped:demo}` to configs
-    that name files shipped with reflact (the demo dataset), wherever it is installed,
-    `${unchanging:...}` to its job folder names and `${key_variables:...}` to the Ray preset."""
+    that name files shipped with reflact (the demo dataset), wherever it is installed, and
+    `${unchanging:...}` to its job folder names."""
     with one_at_a_time():
         from hydra.core.config_store import ConfigStore
         from omegaconf import OmegaConf
@@ -315,8 +306,6 @@ def register() -> None:
         OmegaConf.register_new_resolver("shipped", lambda name: str(shipped_dir(name)))
     if not OmegaConf.has_resolver("unchanging"):
         OmegaConf.register_new_resolver("unchanging", unchanging_overrides)
-    if not OmegaConf.has_resolver("key_variables"):
-        OmegaConf.register_new_resolver("key_variables", key_variables)
 
 
 def from_hydra(dict_cfg) -> tuple[ReflactConfig, dict[str, str]]:
