@@ -76,6 +76,7 @@ PLUGIN_EXTRAS = {
     "hydra/sweeper/optuna": "optuna",
     "hydra/launcher/joblib": "parallel",
     "hydra/launcher/submitit": "slurm",
+    "hydra/launcher/ray": "ray",
 }
 
 
@@ -122,7 +123,7 @@ def warnings_to_run_log() -> None:
     """Once a run's log file is open (Hydra's job logging): the warnings held so far are written
     to it, and later ones go to it too."""
     logger = logging.getLogger(WARNINGS_LOGGER)
-    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    files: list[logging.Handler] = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
     held = [h for h in logger.handlers if isinstance(h, HeldWarnings)]
     shown = [h for h in logger.handlers if not isinstance(h, (logging.FileHandler, HeldWarnings))]
     logger.handlers = shown + files  # a sweep's next job in this process has a log file of its own
