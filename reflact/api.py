@@ -125,7 +125,7 @@ def compose(overrides: Sequence[str] = ()) -> ReflactConfig:
     from reflact.shipped import conf_dir
 
     config.register()
-    given = _overrides(overrides)
+    given = config.hydra_spelling(_overrides(overrides))
     with as_user_error(), _COMPOSING, _own_hydra():
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             dict_cfg = hydra_compose(config_name="config", overrides=given)

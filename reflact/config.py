@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from enum import Enum
 from pathlib import Path
@@ -277,6 +278,19 @@ def unchanging_overrides(overrides) -> list[str]:
 
     keys = [o.key_or_group for o in OverridesParser.create().parse_overrides(list(overrides))]
     return [key for key in keys if unchanging(key) or key.replace("/", ".").split(".")[0] in LAUNCH]
+
+
+# config groups reflact's defaults leave out: `exp=demo` picks one as for any group, and Hydra's own
+# spelling for adding a group, `+exp=demo`, works too
+ADDED_GROUPS = ("exp", "cluster")
+
+
+def hydra_spelling(overrides: Sequence[str]) -> list[str]:
+    """The overrides with `exp=<name>` spelled `+exp=<name>` (and `cluster=`). Hydra 1.3 takes one
+    spelling per group: with `exp: null` in the defaults `+exp=` fails ("Multiple values for exp"),
+    without it `exp=` fails ("No match in the defaults list"). Kept out of the defaults and spelled
+    `+exp=`, both work and name the job folders sweeps always had (`+exp=demo,...`)."""
+    return [f"+{o}" if o.split("=", 1)[0] in ADDED_GROUPS and "=" in o else o for o in overrides]
 
 
 def register() -> None:

@@ -7,6 +7,7 @@ file or line at fault, and exit code 2; anything else is a bug and keeps its tra
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 from collections.abc import Callable
 from typing import TypeVar
@@ -75,6 +76,7 @@ PLUGIN_EXTRAS = {
     "hydra/sweeper/optuna": "optuna",
     "hydra/launcher/joblib": "parallel",
     "hydra/launcher/submitit": "slurm",
+    "hydra/launcher/ray": "ray",
 }
 
 
@@ -83,12 +85,61 @@ def _plugin_hint(text: str) -> str:
     return f" (install it with: pip install 'reflact[{extra}]')" if extra else ""
 
 
+WARNINGS_LOGGER = "py.warnings"  # where logging.captureWarnings sends them
+SHOWN = "reflact-shown-warnings"  # the handler of the warnings that stay on stderr
+
+
+class HeldWarnings(logging.Handler):
+    """Keeps the library warnings of a command's start (Hydra composing, before a run has a log
+    file) for the log file a run opens later (warnings_to_run_log)."""
+
+    LIMIT = 200  # a library warning in a loop must not grow the process
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.records) < self.LIMIT:
+            self.records.append(record)
+
+
+def warnings_to_log() -> None:
+    """Library warnings (Hydra's, OmegaConf's, MLflow's deprecations) go to the log, never to the
+    console: there they would come before the one line a command ends with. Hydra's warning that
+    a callback raised stays on stderr: it reports a bug of reflact's."""
+    logging.captureWarnings(True)
+    logger = logging.getLogger(WARNINGS_LOGGER)
+    logger.propagate = False
+    if not any(h.name == SHOWN for h in logger.handlers):  # once a process
+        logger.addHandler(HeldWarnings())
+        shown = logging.StreamHandler()
+        shown.set_name(SHOWN)
+        shown.addFilter(lambda record: "Callback " in record.getMessage() and " raised " in record.getMessage())
+        logger.addHandler(shown)
+
+
+def warnings_to_run_log() -> None:
+    """Once a run's log file is open (Hydra's job logging): the warnings held so far are written
+    to it, and later ones go to it too."""
+    logger = logging.getLogger(WARNINGS_LOGGER)
+    files: list[logging.Handler] = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    held = [h for h in logger.handlers if isinstance(h, HeldWarnings)]
+    shown = [h for h in logger.handlers if not isinstance(h, (logging.FileHandler, HeldWarnings))]
+    logger.handlers = shown + files  # a sweep's next job in this process has a log file of its own
+    for record in (record for h in held for record in h.records):
+        for handler in files:
+            handler.handle(record)
+
+
 def exits_on_user_error(command: Callable[..., T]) -> Callable[..., T]:
     """Wraps a command: a user mistake becomes one line on stderr and exit code 2; a failed run
-    one line and exit code 1; Ctrl-C or SIGTERM one line and 130 or 143. No traceback for any."""
+    one line and exit code 1; Ctrl-C or SIGTERM one line and 130 or 143. No traceback for any.
+    Library warnings go to the log (warnings_to_log), not between the user and that line."""
 
     @functools.wraps(command)
     def guarded(*args, **kwargs) -> T:
+        warnings_to_log()
         try:
             return command(*args, **kwargs)
         except KeyboardInterrupt as exc:

@@ -19,16 +19,16 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from reflact import config, shipped
-from reflact.errors import RunFailed, exits_on_user_error, fails_the_job, raise_stopped_on_sigterm
+from reflact.errors import RunFailed, exits_on_user_error, fails_the_job, raise_stopped_on_sigterm, warnings_to_run_log
 from reflact.imports import one_at_a_time
 
 
-@hydra.main(config_path=str(shipped.conf_dir()), config_name="config", version_base="1.3")
 def _job(dict_cfg: DictConfig) -> float | None:
     with one_at_a_time():
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
+    warnings_to_run_log()
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     # inside the job too: Hydra would wrap a mistake in its own report; in a sweep a failed job
@@ -93,8 +93,24 @@ def _main() -> None:
     # Hydra then raises instead of printing a multi-line report, so user mistakes get one line
     os.environ["HYDRA_FULL_ERROR"] = "1"
     raise_stopped_on_sigterm()
-    with _mode_from_command_line():
-        _job()
+    sys.argv[1:] = config.hydra_spelling(sys.argv[1:])
+    # decorated here, not at import: Hydra 1.4 warns about version_base as it decorates, and only
+    # now do warnings go to the log (exits_on_user_error)
+    job = hydra.main(config_path=str(shipped.conf_dir()), config_name="config", version_base="1.3")(_job)
+    with callbacks_allowed(), _mode_from_command_line():
+        job()
+
+
+# the callbacks conf/hydra/reflact.yaml names, the only targets Hydra instantiates for reflact
+CALLBACKS = ("reflact.sweeps.sweep.MlflowSweep", "reflact.running.newdir.FreshRunDir")
+
+
+def callbacks_allowed():
+    """From Hydra 1.4 on, instantiate() asks for an execution whitelist (1.4 warns without one,
+    1.5 refuses): reflact's callbacks are allowed, from this trusted call site. Hydra 1.3 checks
+    nothing."""
+    whitelist = getattr(hydra.utils, "execution_whitelist", None)
+    return whitelist(list(CALLBACKS)) if whitelist else contextlib.nullcontext()
 
 
 @contextlib.contextmanager

@@ -288,8 +288,9 @@ class OptimizerClient:
         request = {**logical, "extra_body": {"response_format": response_format}} if response_format else logical
         try:
             return *self._create(request, tokens, sent), structured
-        except openai.BadRequestError:
-            if structured != "json_schema" or self.cfg.structured_output is not StructuredOutput.auto:
+        except openai.BadRequestError as exc:
+            auto = structured == "json_schema" and self.cfg.structured_output is StructuredOutput.auto
+            if not auto or not about_schema(exc):
                 raise
         if not self._schema_rejected.is_set():
             self._schema_rejected.set()
@@ -390,6 +391,19 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+# what a 400 refusing structured output names (OpenAI's `param`, vLLM's guided decoding, llama.cpp's
+# and Ollama's format checks); a 400 naming none of them (a proxy's missing key, a bad parameter)
+# is the request's own failure and leaves structured output on
+SCHEMA_WORDS = ("response_format", "response format", "json_schema", "schema", "structured output", "guided_json")
+
+
+def about_schema(exc: openai.BadRequestError) -> bool:
+    """Whether a 400 is about the JSON schema sent: the one 400 that `auto` answers by asking again
+    without it, for the rest of the run."""
+    text = f"{getattr(exc, 'param', None) or ''} {getattr(exc, 'code', None) or ''} {exc.message}".lower()
+    return any(word in text.replace("-", "_") for word in SCHEMA_WORDS)
+
+
 def endpoint_fault(exc: BaseException) -> bool:
     """A fault of the endpoint itself (no connection, no such host, a refused key, no such model or
     path), as opposed to one of a request (a timeout, a rate limit, a server error)."""
@@ -454,21 +468,34 @@ def wait_after(initial: float, maximum: float):
     return wait
 
 
+# where a server, or a proxy in front of it, says how long to wait: LiteLLM's proxy passes the
+# upstream's headers on with an `llm_provider-` prefix (its 429s carry no plain Retry-After)
+RETRY_AFTER_MS = ("retry-after-ms", "llm_provider-retry-after-ms")
+RETRY_AFTER = ("retry-after", "llm_provider-retry-after")
+
+
 def retry_after_s(exc: BaseException | None) -> float | None:
-    """The server's hint in seconds (Retry-After-Ms, else Retry-After as seconds or an HTTP date),
-    never negative; None when absent or unreadable (garbage, NaN, infinite): the backoff applies."""
+    """The server's hint in seconds (a -ms header, else Retry-After as seconds or an HTTP date, each
+    plain or as LiteLLM forwards it), never negative; None when absent or unreadable (garbage, NaN,
+    infinite): the backoff applies."""
     response = getattr(exc, "response", None)
     headers = getattr(response, "headers", None)
     if not headers:
         return None
-    millis = seconds_in(headers.get("retry-after-ms"), 1000.0)
-    if millis is not None:
-        return millis
-    value = headers.get("retry-after")
-    if not value:
-        return None
+    for name in RETRY_AFTER_MS:
+        millis = seconds_in(headers.get(name), 1000.0)
+        if millis is not None:
+            return millis
+    for name in RETRY_AFTER:
+        seconds = seconds_or_date(headers.get(name))
+        if seconds is not None:
+            return seconds
+    return None
+
+
+def seconds_or_date(value: str | None) -> float | None:
     seconds = seconds_in(value, 1.0)
-    return seconds if seconds is not None else seconds_until(value)
+    return seconds if seconds is not None or not value else seconds_until(value)
 
 
 def seconds_in(value: str | None, per_second: float) -> float | None:
