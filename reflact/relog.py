@@ -20,7 +20,7 @@ from pathlib import Path
 
 from reflact.errors import UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
-from reflact.running.rundir import HYDRA, SUMMARY, RunDir, SweepDir
+from reflact.running.rundir import HYDRA, SUMMARY, RunDir, SweepDir, read_traces
 
 log = logging.getLogger("reflact")
 
@@ -104,13 +104,22 @@ def _requests(rd: RunDir) -> list:
     from reflact.running.events import Replied
 
     events = []
-    for record in rd.traces():
+    for record in read_traces(rd):
         try:
             reply = record.get("reply")
             if reply is not None:
                 reply = Reply(**{**reply, "usage": Usage(**reply.get("usage", {}))})
-            events.append(Replied(record["tag"], record["number"], record["messages"], reply,
-                                  record.get("error", ""), record.get("cost_usd", 0.0), record["ended_at"]))
+            events.append(
+                Replied(
+                    record["tag"],
+                    record["number"],
+                    record["messages"],
+                    reply,
+                    record.get("error", ""),
+                    record.get("cost_usd", 0.0),
+                    record["ended_at"],
+                )
+            )
         except (KeyError, TypeError, AttributeError):  # a damaged record: that trace is left out
             log.info("a damaged trace record in %s is left out", rd.root)
     return events

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import reflact
 from reflact.running.events import CallStarted, MinibatchEnded, Replied
+from reflact.running.rundir import append_trace
 from reflact.tracking.mirror import RunContext
 from reflact.tracking.store import tracking_uri
 from reflact.tracking.worker import End, Start
@@ -37,10 +38,11 @@ log = logging.getLogger("reflact")
 SAVED: dict = {}  # stands for a saved patch in the queue
 # importing mlflow is seconds of CPU: let the first requests go out before the tracker starts it
 FIRST_REQUESTS_S = 0.2
-# what the parent adds to the deadline for the tracker's own answer before it stops the process
+# the part of the deadline left to the tracker's own answer (why it gave up) before it is stopped
 ANSWER_S = 0.5
 # how long the tracker may take to import mlflow (no store is involved yet; a busy machine is slow)
 START_S = 60.0
+POLL_S = 0.05
 
 
 class LiveRun:
@@ -49,17 +51,14 @@ class LiveRun:
     def __init__(self, context: RunContext) -> None:
         self.context = context
         self.uri = tracking_uri(context.cfg, context.launch_dir)
-        self.run_id: str | None = None
         self.finished = False
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._proc: subprocess.Popen | None = None
-        self._feeder: threading.Thread | None = None
+        self._tracker = TrackerProcess(Start(context, self.uri))
         self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._failure = ""  # why the tracker gave up, from its last answer
-        self._ready = False  # the tracker has imported mlflow
-        self._answered = 0.0  # monotonic: the store's last answer, as the tracker reported it
         self._patches: dict[str, str] = {}  # tag -> the patch's fingerprint, or the minibatch's status
+
+    @property
+    def run_id(self) -> str | None:
+        return self._tracker.run_id
 
     def __call__(self, event) -> None:
         if isinstance(event, MinibatchEnded):
@@ -71,40 +70,32 @@ class LiveRun:
             if not self.context.cfg.mlflow.trace_calls:
                 return  # its messages are only needed for a trace
             with self._lock:  # the run dir's record of the trace first: relog rebuilds it from there
-                self.context.run_dir.append_trace(trace_record(event))
-        self._outbox.put(event)
-        if isinstance(event, CallStarted) and self._feeder is None:
-            self._start(FIRST_REQUESTS_S)
+                append_trace(self.context.run_dir, trace_record(event))
+        self._tracker.outbox.put(event)
+        if isinstance(event, CallStarted) and not self._tracker.started:
+            self._tracker.start(FIRST_REQUESTS_S)
 
     def finish(self, summary: dict | None, status: str) -> str | None:
         """Logs what is left and ends the run with `status`, waiting at most `mlflow.deadline_s`."""
         self.finished = True
         record = self.context.run_dir.mlflow_record()
-        if self._feeder is None and status == "FINISHED" and self._up_to_date(record):
+        if not self._tracker.started and status == "FINISHED" and self._up_to_date(record):
             log.info("MLflow run %s already holds this run's patches; left as it is", record["run_id"])
             return record["run_id"]
         deadline_s = self.context.cfg.mlflow.deadline_s
-        self._start(0.0)
-        self._outbox.put(End(summary, status, self.digest(), deadline_s))
-        answered = self._wait(time.monotonic(), deadline_s)
-        self._stop(ANSWER_S if answered else 0.0)
-        if not answered or self._failure:
-            self._warn(self._failure or f"no answer within mlflow.deadline_s={deadline_s:g}")
-            self.context.run_dir.write_mlflow_record({"run_id": self.run_id, "tracking_uri": self.uri,
-                                                      "status": "INCOMPLETE"})
+        ended = max(_last_reply(summary), time.monotonic() - deadline_s / 2)
+        self._tracker.start(0.0)
+        # the tracker gives up a moment before the run stops it, so that it can say why
+        left_s = deadline_s - (time.monotonic() - ended) - ANSWER_S
+        self._tracker.outbox.put(End(summary, status, self.digest(), max(left_s, ANSWER_S)))
+        failure = self._tracker.end(ended, deadline_s)
+        if failure:
+            self._warn(failure)
+            self.context.run_dir.write_mlflow_record(
+                {"run_id": self.run_id, "tracking_uri": self.uri, "status": "INCOMPLETE"}
+            )
             return None
         return self.run_id
-
-    def _wait(self, ended: float, deadline_s: float) -> bool:
-        """Whether the tracker is done before the store has been silent for `deadline_s` since
-        the run's end (or the tracker took START_S to import mlflow)."""
-        while True:
-            since = max(ended, self._answered) if self._ready else ended
-            remaining = since + (deadline_s + ANSWER_S if self._ready else START_S) - time.monotonic()
-            if remaining <= 0:
-                return self._done.is_set()
-            if self._done.wait(remaining):
-                return True
 
     def digest(self) -> str:
         """What the MLflow run holds: the settings and each minibatch's patch (or status)."""
@@ -118,11 +109,60 @@ class LiveRun:
             and record.get("digest") == self.digest()
         )
 
-    def _start(self, delay_s: float) -> None:
+    def _warn(self, why: str) -> None:
+        run_dir = self.context.run_dir.root
+        log.warning(
+            "MLflow logging to %s failed (%s); the run's outputs are complete in %s. Log them with: "
+            "python -m reflact.relog %s",
+            self.uri,
+            why,
+            run_dir,
+            run_dir,
+        )
+
+
+class TrackerProcess:
+    """The tracker process (reflact.tracking.worker) and the run's side of its pipes: a feeder
+    thread pickling the outbox down its stdin, a listener thread reading its answers."""
+
+    def __init__(self, start: Start) -> None:
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.run_id: str | None = None
+        self.started = False
+        self._first = start
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._failure = ""  # why the tracker gave up, from its last answer
+        self._ready = False  # the tracker has imported mlflow, or found the store failing
+        self._answered = 0.0  # monotonic: the store's last answer, as the tracker reported it
+        self._failing = False  # the store's last answer was a failure
+
+    def start(self, delay_s: float) -> None:
         with self._lock:
-            if self._feeder is None:
-                self._feeder = threading.Thread(target=self._feed, args=(delay_s,), name="reflact-mlflow", daemon=True)
-                self._feeder.start()
+            if not self.started:
+                self.started = True
+                threading.Thread(target=self._feed, args=(delay_s,), name="reflact-mlflow", daemon=True).start()
+
+    def end(self, ended: float, deadline_s: float) -> str:
+        """Waits for the tracker's end, then stops the process: an empty answer when it ended the
+        run, else why not (its own reason, or that the store stayed silent for the deadline)."""
+        answered = self._wait(ended, deadline_s)
+        self._stop(ANSWER_S if answered else 0.0)
+        if not answered:
+            return f"no answer within mlflow.deadline_s={deadline_s:g}"
+        return self._failure
+
+    def _wait(self, ended: float, deadline_s: float) -> bool:
+        """Whether the tracker is done before the store has been silent for `deadline_s` since
+        the run's end (or, while no store was asked yet, the tracker took START_S to import mlflow)."""
+        while True:
+            since = max(ended, self._answered) if self._ready else ended
+            remaining = since + (deadline_s if self._ready else START_S) - time.monotonic()
+            if remaining <= 0:
+                return self._done.is_set()
+            if self._done.wait(min(remaining, POLL_S)):  # the tracker's news may shorten the wait
+                return True
 
     def _feed(self, delay_s: float) -> None:
         """The feeder thread: starts the tracker process, then pipes it every event, in order."""
@@ -134,38 +174,45 @@ class LiveRun:
             self._done.set()
             return
         threading.Thread(target=self._listen, args=(proc,), name="reflact-mlflow-answers", daemon=True).start()
-        message: object = Start(self.context, self.uri)
+        message: object = self._first
         try:
             while True:
                 assert proc.stdin is not None
-                pickle.dump(message, proc.stdin)
+                frame = pickle.dumps(message)  # framed: the tracker reads bytes on one thread, unpickles on another
+                proc.stdin.write(len(frame).to_bytes(8, "big") + frame)
                 proc.stdin.flush()
                 if isinstance(message, End):
                     return
-                message = self._outbox.get()
+                message = self.outbox.get()
         except OSError:  # the tracker is gone: its answers (or their absence) say why
             return
-
 
     def _listen(self, proc: subprocess.Popen) -> None:
         """The tracker's answers: the run's id, its log lines, and its end."""
         assert proc.stdout is not None
         for line in proc.stdout:
             try:
-                answer = json.loads(line)
+                self._take(json.loads(line))
             except ValueError:
                 continue
-            if "answered" in answer or "ready" in answer:
-                self._ready, self._answered = True, time.monotonic()
-            elif "run_id" in answer:
-                self.run_id = answer["run_id"]
-            elif "log" in answer:
-                log.log(*answer["log"])
-            elif "done" in answer:
-                self._failure = answer["done"]
-                self._done.set()
         if not self._done.is_set():
             self._failure = self._failure or f"the tracker process ended with exit code {proc.wait()}"
+            self._done.set()
+
+    def _take(self, answer: dict) -> None:
+        if "answered" in answer:
+            self._ready, self._failing, self._answered = True, False, time.monotonic()
+        elif "failing" in answer:
+            self._ready, self._failing = True, True
+        elif "ready" in answer:  # mlflow imported: the store's deadline starts now, unless it failed already
+            self._ready = True
+            self._answered = self._answered if self._failing else time.monotonic()
+        elif "run_id" in answer:
+            self.run_id = answer["run_id"]
+        elif "log" in answer:
+            log.log(*answer["log"])
+        elif "done" in answer:
+            self._failure = answer["done"]
             self._done.set()
 
     def _stop(self, grace_s: float) -> None:
@@ -179,16 +226,14 @@ class LiveRun:
             proc.kill()
             proc.wait()
 
-    def _warn(self, why: str) -> None:
-        run_dir = self.context.run_dir.root
-        log.warning(
-            "MLflow logging to %s failed (%s); the run's outputs are complete in %s. Log them with: "
-            "python -m reflact.relog %s",
-            self.uri,
-            why,
-            run_dir,
-            run_dir,
-        )
+
+def _last_reply(summary: dict | None) -> float:
+    """When the stage ended (its last reply), on the monotonic clock: the deadline counts from
+    there, so the summary and analysis written since are part of it, not added to it (a long
+    analysis still leaves the store half of it: see `finish`)."""
+    now = time.monotonic()
+    ended_at = (summary or {}).get("times", {}).get("ended_at")
+    return now - max(time.time() - ended_at, 0.0) if isinstance(ended_at, (int, float)) else now
 
 
 def trace_record(event: Replied) -> dict:

@@ -166,8 +166,8 @@ class Store:
             from mlflow.tracking import MlflowClient
 
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-        with first_use(uri):
+        with first_use(uri):  # making the client may migrate the store already
+            self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
             self.experiment_id = experiment_id(self.client, experiment, uri, launch_dir)
         self.run_id = ""
         self._artifact_dir: Path | None = None

@@ -23,10 +23,13 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+import urllib.error
+import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import IO
 
+from reflact.imports import one_at_a_time
 from reflact.running.events import Replied
 from reflact.tracking.mirror import Mirror, RunContext
 from reflact.tracking.store import Store, mlflow_globals_at, one_line
@@ -35,6 +38,7 @@ log = logging.getLogger("reflact")
 BATCH_S = 0.5  # events written together: one metrics request per batch, not per minibatch
 FIRST_RETRY_S = 0.5  # then doubling, up to LAST_RETRY_S, while the store does not answer
 LAST_RETRY_S = 8.0
+PROBE_S = 2.0  # the first look at an HTTP tracking server
 ORPHAN_S = 10.0  # a tracker whose run was killed ends its MLflow run KILLED within this
 
 
@@ -59,7 +63,8 @@ class Backoff:
     failing: str = ""  # the last failure, in one line; empty while the store answers
     answered_at: float = field(default_factory=time.monotonic)  # the store's last answer
 
-    def failed(self, exc: BaseException) -> None:
+    def failed(self, exc: BaseException, send: Callable[[dict], None]) -> None:
+        send({"failing": True})  # the parent's deadline counts from now on, not from mlflow's import
         if not self.failing:
             log.info("MLflow did not answer (%s); retrying while the run goes on", one_line(exc))
         self.failing = one_line(exc)
@@ -95,7 +100,7 @@ class Tracker:
         if self.mirror is None:
             store = Store(self.uri, self.context.cfg.mlflow.experiment, self.context.launch_dir)
             self.send({"answered": True})
-            store.client = Answering(store.client, self.send)
+            store.client = Answering(store.client, self.send)  # type: ignore[assignment]  # the same methods
             mirror = Mirror(store, self.context)
             run_id = mirror.open()
             self.context.run_dir.write_mlflow_record({"run_id": run_id, "tracking_uri": self.uri, "status": "RUNNING"})
@@ -117,7 +122,7 @@ class Tracker:
         try:
             self.flush()
         except Exception as exc:  # the store is down, frozen or refusing: try again later
-            self.backoff.failed(exc)
+            self.backoff.failed(exc, self.send)
             return False
         self.backoff.answered()
         return True
@@ -138,7 +143,7 @@ class Tracker:
                 self.context.run_dir.write_mlflow_record({**record, "digest": end.digest})
                 return ""
             except Exception as exc:  # retried until the deadline
-                self.backoff.failed(exc)
+                self.backoff.failed(exc, self.send)
             pause = max(self.backoff.next_at - time.monotonic(), 0.0)
             if time.monotonic() + pause >= self.backoff.answered_at + end.deadline_s:
                 return self.backoff.failing
@@ -173,9 +178,29 @@ class Answering:
 
 
 def serve(inbox: queue.SimpleQueue, send) -> None:
-    """The tracker's loop: batches of events written as they come, retried while the store fails."""
+    """The tracker's loop: batches of events written as they come, retried while the store fails.
+    This thread alone imports (holding the lock throughout); the inbox thread only reads bytes."""
+    with one_at_a_time():
+        _serve(_Messages(inbox), send)
+
+
+class _Messages:
+    """The inbox's frames as messages, unpickled on the thread that reads them; the end of stdin
+    (the run killed before its end) is an end KILLED."""
+
+    def __init__(self, frames: queue.SimpleQueue) -> None:
+        self.frames = frames
+
+    def get(self, timeout: float | None = None):
+        frame = self.frames.get(timeout=timeout)
+        return pickle.loads(frame) if frame else End(None, "KILLED", "", ORPHAN_S)
+
+
+def _serve(inbox: _Messages, send) -> None:
     start: Start = inbox.get()
     tracker = Tracker(start.context, start.uri, send)
+    if not _answers(start.uri):
+        send({"failing": True})
     with mlflow_globals_at(start.uri):
         send({"ready": True})  # mlflow is imported: from now on only the store can be slow
         tracker.backoff.answered_at = time.monotonic()
@@ -189,7 +214,21 @@ def serve(inbox: queue.SimpleQueue, send) -> None:
             tracker.attempt()
 
 
-def _drain(inbox: queue.SimpleQueue, window_s: float) -> list:
+def _answers(uri: str) -> bool:
+    """Whether a tracking server answers at all (any HTTP status), asked before mlflow is imported
+    (seconds), so that a run ending early gives a dead server its deadline, not mlflow's import."""
+    if not uri.startswith(("http://", "https://")):
+        return True  # a local store: nothing to wait for
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_S).close()
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):  # refused, reset, timed out, not a URL
+        return False
+    return True
+
+
+def _drain(inbox: _Messages, window_s: float) -> list:
     """At least one message (waiting for it), then what else comes within `window_s`."""
     batch = [inbox.get()]
     deadline = time.monotonic() + window_s
@@ -202,12 +241,15 @@ def _drain(inbox: queue.SimpleQueue, window_s: float) -> list:
 
 
 def _read(stream: IO[bytes], inbox: queue.SimpleQueue) -> None:
-    """stdin into the inbox; a parent gone before its end (killed) ends the run KILLED."""
+    """stdin's frames (an 8-byte length, then a pickle) into the inbox, as bytes; an empty frame
+    when stdin ends."""
     try:
-        while True:
-            inbox.put(pickle.load(stream))
-    except (EOFError, OSError, pickle.UnpicklingError):
-        inbox.put(End(None, "KILLED", "", ORPHAN_S))
+        while len(head := stream.read(8)) == 8:
+            frame = stream.read(int.from_bytes(head, "big"))
+            inbox.put(frame)
+    except OSError:
+        pass
+    inbox.put(b"")
 
 
 class _ToParent(logging.Handler):
