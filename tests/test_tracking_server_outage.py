@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -53,21 +54,24 @@ def postgres(tmp_path):
     if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
         pytest.skip("PostgreSQL's initdb/pg_ctl are not installed")
     pytest.importorskip("psycopg2", reason="the server's backend needs psycopg2 (psycopg2-binary)")
-    root = tmp_path / "pg"
-    root.mkdir()
+    # its own temp dir: pytest's are private to this user, and the server may run as another one
+    root = Path(tempfile.mkdtemp(prefix="reflact-pg-"))
+    os.chmod(root, 0o755)
     if os.geteuid() == 0:
         user = pwd.getpwnam("postgres" if _user_exists("postgres") else "nobody")
         os.chown(root, user.pw_uid, user.pw_gid)
-        os.chmod(tmp_path, 0o755)
     port = free_port()
-    subprocess.run(as_postgres_user(["initdb", "-D", str(root / "data"), "-U", "reflact", "--auth=trust"]),
-                   check=True, capture_output=True)
-    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1"
-    subprocess.run(as_postgres_user(["pg_ctl", "-D", str(root / "data"), "-o", options, "-l", str(root / "log"),
-                                     "-w", "start"]), check=True, capture_output=True)
-    yield f"postgresql+psycopg2://reflact@127.0.0.1:{port}/postgres"
-    subprocess.run(as_postgres_user(["pg_ctl", "-D", str(root / "data"), "-m", "immediate", "stop"]),
-                   capture_output=True)
+    try:
+        subprocess.run(as_postgres_user(["initdb", "-D", str(root / "data"), "-U", "reflact", "--auth=trust"]),
+                       check=True, capture_output=True, cwd=root)
+        options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1"
+        subprocess.run(as_postgres_user(["pg_ctl", "-D", str(root / "data"), "-o", options, "-l",
+                                         str(root / "log"), "-w", "start"]), check=True, capture_output=True, cwd=root)
+        yield f"postgresql+psycopg2://reflact@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(as_postgres_user(["pg_ctl", "-D", str(root / "data"), "-m", "immediate", "stop"]),
+                       capture_output=True, cwd=root)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def mlflow_server(backend: str, artifacts: Path, port: int, log: Path) -> subprocess.Popen:
