@@ -157,7 +157,7 @@ def _assert_every_trace(uri: str, children: list, sweep_dir: Path) -> None:
     client = MlflowClient(tracking_uri=uri)
     for child in children:
         run_dir = Path(child.data.tags["reflact.run_dir"])
-        assert run_dir.parent == sweep_dir
+        assert sweep_dir in run_dir.parents
         traces = client.search_traces(locations=[child.info.experiment_id], run_id=child.info.run_id,
                                       max_results=200)
         keys = [(t.info.tags["reflact.minibatch"], t.info.tags["reflact.request"]) for t in traces]
