@@ -182,6 +182,9 @@ class MlflowConfig:
     trace_calls: bool = True  # one MLflow trace per optimizer call, linked to the run
     tracking_uri: str | None = None  # default: sqlite:///<launch dir>/outputs/mlflow.db
     experiment: str = "reflact"
+    # the longest a run waits at its end for a tracking server that is down, frozen or never
+    # answers, counted from its last reply; then one warning, and relog logs the run later
+    deadline_s: float = 10.0
 
 
 class Matcher(Enum):
@@ -607,6 +610,8 @@ def _check_optimizer_urls(o: OptimizerConfig) -> None:
 
 
 def _check_mlflow(m: MlflowConfig) -> None:
+    if not 0 < m.deadline_s < math.inf:
+        raise UserError(f"mlflow.deadline_s must be a positive number of seconds, not {m.deadline_s}")
     if not m.experiment or not m.experiment.strip():
         raise UserError("mlflow.experiment is empty: name the MLflow experiment, e.g. reflact")
     if m.tracking_uri:

@@ -5,7 +5,8 @@
 Run it from the directory the run was started from (the default store is outputs/mlflow.db
 there). Nothing is called and nothing in the run dir changes but its record of the MLflow run.
 The run is written by the same code as live tracking, from the run dir's records, so it holds
-the same names and values (traces excepted: those are recorded only as the calls happen).
+the same names and values, every request's trace included (from the run dir's traces.jsonl). A
+job of a sweep is attached to the sweep's parent run again when that run is in the same store.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from reflact.errors import UserError, exits_on_user_error
-from reflact.running.rundir import HYDRA, SUMMARY, RunDir
+from reflact.running.rundir import HYDRA, SUMMARY, RunDir, SweepDir, read_traces
 
 log = logging.getLogger("reflact")
 
@@ -44,6 +45,9 @@ def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | No
             mirror = Mirror(Store(uri, context.cfg.mlflow.experiment, launch_dir), context)
             run_id = mirror.open()
             mirror.write(_events(rd, summary, outcomes))
+            if context.cfg.mlflow.trace_calls:
+                for event in _requests(rd):
+                    mirror.store.trace(event, context.cfg.optimizer.model)
             mirror.end(summary, status, int(summary.get("times", {}).get("ended_at", time.time()) * 1000))
     except Exception as exc:  # the store's failure, in one line
         log.warning("MLflow logging to %s failed: %s", uri, one_line(exc))
@@ -65,6 +69,7 @@ def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: di
     hydra_yaml = rd / HYDRA / "hydra.yaml"
     hc = saved_yaml(hydra_yaml).hydra if hydra_yaml.is_file() else None
     multirun = hc is not None and str(hc.mode) == "MULTIRUN"
+    sweep_dir = _sweep_dir(rd.root) if multirun else None
     dataset, system = _inputs(cfg)
     return RunContext(
         cfg,
@@ -75,10 +80,47 @@ def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: di
         dataset,
         system,
         tuple(hc.overrides.task) if hc is not None else (),
-        (launch_dir / str(hc.sweep.dir)).resolve() if hc is not None and multirun else None,
+        sweep_dir,
         int(hc.job.num) if hc is not None and multirun else None,
         summary["settings"].get("template_hashes"),
     )
+
+
+def _sweep_dir(job_dir: Path) -> Path | None:
+    """The sweep a job dir belongs to: the nearest folder above it holding Hydra's multirun.yaml
+    (its saved hydra.sweep.dir may hold interpolations that only resolve inside Hydra)."""
+    for folder in job_dir.parents:
+        if (folder / "multirun.yaml").is_file() or SweepDir(folder).parent_record():
+            return folder
+    log.info("%s: no multirun.yaml above it; logged as a run of its own", job_dir)
+    return None
+
+
+def _requests(rd: RunDir) -> list:
+    """Each request of the run as the event its trace is written from (the run dir's trace records)."""
+    from reflact.calls.protocol import Reply, Usage
+    from reflact.running.events import Replied
+
+    events = []
+    for record in read_traces(rd):
+        try:
+            reply = record.get("reply")
+            if reply is not None:
+                reply = Reply(**{**reply, "usage": Usage(**reply.get("usage", {}))})
+            events.append(
+                Replied(
+                    record["tag"],
+                    record["number"],
+                    record["messages"],
+                    reply,
+                    record.get("error", ""),
+                    record.get("cost_usd", 0.0),
+                    record["ended_at"],
+                )
+            )
+        except (KeyError, TypeError, AttributeError):  # a damaged record: that trace is left out
+            log.info("a damaged trace record in %s is left out", rd.root)
+    return events
 
 
 def _inputs(cfg):

@@ -12,6 +12,7 @@
     analysis.json                       agreement, redundancy and distinct items (reflact.analysis.figures)
     report.md                           the run readable without MLflow
     mlflow_run.json                     the MLflow run this dir is logged as
+    traces.jsonl                        each request as MLflow traces it (what relog rebuilds them from)
     .hydra/                             the resolved config (written once the inputs passed their checks)
 
 Every write is atomic (a temporary file, then a rename), so a run killed at any moment leaves
@@ -45,6 +46,7 @@ ANALYSIS = "analysis.json"
 KEPT_ITEMS = "kept_items.jsonl"
 REPORT = "report.md"
 MLFLOW_RUN = "mlflow_run.json"
+TRACES = "traces.jsonl"
 HYDRA = ".hydra"
 USAGE_FIELDS = {f.name for f in fields(Usage)}
 
@@ -200,6 +202,32 @@ class RunDir:
     def write_mlflow_record(self, record: dict) -> None:
         write_json(self / MLFLOW_RUN, record)
 # fmt: on
+
+
+# ---------------------------------------------------------------------- each request's trace record
+
+
+def append_trace(run_dir: RunDir, record: dict) -> None:
+    """One request's trace record, appended in one write (ASCII JSON: a lone surrogate in a
+    reply is escaped, never a failure). A line cut by a kill is skipped when read back."""
+    line = (json.dumps(record, separators=(",", ":")) + "\n").encode("ascii")
+    fd = os.open(run_dir / TRACES, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_traces(run_dir: RunDir) -> list[dict]:
+    """The trace records, the latest of each (minibatch, request) once (a redo replaces a request)."""
+    latest: dict[tuple, dict] = {}
+    with contextlib.suppress(FileNotFoundError), open(run_dir / TRACES, encoding="ascii", errors="replace") as handle:
+        for line in handle:
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict) and "tag" in record and "number" in record:
+                    latest[(str(record["tag"]), str(record["number"]))] = record
+    return list(latest.values())
 
 
 # ---------------------------------------------------------------------- shapes of what is read back

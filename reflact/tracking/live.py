@@ -1,43 +1,48 @@
 """MLflow as a live view of the run dir: an observer of the stage's events.
 
-The stage's threads only put events on a queue; one tracker thread opens the store (importing
-mlflow and migrating a fresh store take seconds: they overlap the first calls), creates the run
-(RUNNING, with the run's real start time) and writes each minibatch's metrics, artifacts and
-traces as they come, in batches, with the run's totals so far. No call ever waits on it, and a
-tracking failure only costs a warning: the run dir stays complete (`python -m reflact.relog`).
+The stage's threads only put events on a queue; a feeder thread pickles them down a pipe to the
+tracker process (reflact.tracking.worker), which opens the store (importing mlflow and migrating
+a fresh store take seconds: they overlap the first calls), creates the run (RUNNING, with the
+run's real start time) and writes each minibatch's metrics, artifacts and traces as they come.
+No call ever waits on it. At the end the run waits for it at most `mlflow.deadline_s`; a store
+that is down, frozen or never answers then costs one warning, and the run dir (which holds
+every request's trace record too) is logged later by `python -m reflact.relog`.
 
-The thread starts with the first request. A rerun that makes none and finds its MLflow run
+The process starts with the first request. A rerun that makes none and finds its MLflow run
 already holding the same patches under the same settings leaves that run as it is.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
+import os
+import pickle
 import queue
+import subprocess
+import sys
 import threading
 import time
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import asdict
+from pathlib import Path
 
-from reflact.imports import one_at_a_time
+import reflact
 from reflact.running.events import CallStarted, MinibatchEnded, Replied
-from reflact.tracking.mirror import Mirror, RunContext
-from reflact.tracking.store import Store, mlflow_globals_at, one_line, tracking_uri
+from reflact.running.rundir import append_trace
+from reflact.tracking.mirror import RunContext
+from reflact.tracking.store import tracking_uri
+from reflact.tracking.worker import End, Start
 
 log = logging.getLogger("reflact")
 SAVED: dict = {}  # stands for a saved patch in the queue
 # importing mlflow is seconds of CPU: let the first requests go out before the tracker starts it
 FIRST_REQUESTS_S = 0.2
-BATCH_S = 0.5  # events written together: one metrics request per batch, not per minibatch
-
-
-@dataclass(frozen=True)
-class _End:
-    summary: dict | None  # None when the run was stopped before its summary
-    status: str
+# the part of the deadline left to the tracker's own answer (why it gave up) before it is stopped
+ANSWER_S = 0.5
+# how long the tracker may take to import mlflow (no store is involved yet; a busy machine is slow)
+START_S = 60.0
+POLL_S = 0.05
 
 
 class LiveRun:
@@ -46,13 +51,14 @@ class LiveRun:
     def __init__(self, context: RunContext) -> None:
         self.context = context
         self.uri = tracking_uri(context.cfg, context.launch_dir)
-        self.run_id: str | None = None
         self.finished = False
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._tracker = TrackerProcess(Start(context, self.uri))
         self._lock = threading.Lock()
         self._patches: dict[str, str] = {}  # tag -> the patch's fingerprint, or the minibatch's status
-        self._mirror: Mirror | None = None  # set before its run is created: a failed open still ends it
+
+    @property
+    def run_id(self) -> str | None:
+        return self._tracker.run_id
 
     def __call__(self, event) -> None:
         if isinstance(event, MinibatchEnded):
@@ -60,23 +66,35 @@ class LiveRun:
             self._patches[event.outcome.tag] = str(patch.get("fingerprint") or event.outcome.status)
             # the queue holds what the tracker needs, not the patch itself (it is on disk)
             event = MinibatchEnded(event.outcome, SAVED if event.patch is not None else None)
-        elif isinstance(event, Replied) and not self.context.cfg.mlflow.trace_calls:
-            return  # its messages are only needed for a trace
-        self._queue.put(event)
-        if isinstance(event, CallStarted) and self._thread is None:
-            self._start(FIRST_REQUESTS_S)
+        elif isinstance(event, Replied):
+            if not self.context.cfg.mlflow.trace_calls:
+                return  # its messages are only needed for a trace
+            with self._lock:  # the run dir's record of the trace first: relog rebuilds it from there
+                append_trace(self.context.run_dir, trace_record(event))
+        self._tracker.outbox.put(event)
+        if isinstance(event, CallStarted) and not self._tracker.started:
+            self._tracker.start(FIRST_REQUESTS_S)
 
     def finish(self, summary: dict | None, status: str) -> str | None:
-        """Logs what is left, ends the run with `status` and its real end time."""
+        """Logs what is left and ends the run with `status`, waiting at most `mlflow.deadline_s`."""
         self.finished = True
         record = self.context.run_dir.mlflow_record()
-        if self._thread is None and status == "FINISHED" and self._up_to_date(record):
+        if not self._tracker.started and status == "FINISHED" and self._up_to_date(record):
             log.info("MLflow run %s already holds this run's patches; left as it is", record["run_id"])
             return record["run_id"]
-        self._start(0.0)
-        self._queue.put(_End(summary, status))
-        assert self._thread is not None  # _start made it
-        self._thread.join()
+        deadline_s = self.context.cfg.mlflow.deadline_s
+        ended = max(_last_reply(summary), time.monotonic() - deadline_s / 2)
+        self._tracker.start(0.0)
+        # the tracker gives up a moment before the run stops it, so that it can say why
+        left_s = deadline_s - (time.monotonic() - ended) - ANSWER_S
+        self._tracker.outbox.put(End(summary, status, self.digest(), max(left_s, ANSWER_S)))
+        failure = self._tracker.end(ended, deadline_s)
+        if failure:
+            self._warn(failure)
+            self.context.run_dir.write_mlflow_record(
+                {"run_id": self.run_id, "tracking_uri": self.uri, "status": "INCOMPLETE"}
+            )
+            return None
         return self.run_id
 
     def digest(self) -> str:
@@ -91,81 +109,156 @@ class LiveRun:
             and record.get("digest") == self.digest()
         )
 
-    def _start(self, delay_s: float) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, args=(delay_s,), name="reflact-mlflow", daemon=True)
-                self._thread.start()
-
-    def _work(self, delay_s: float) -> None:
-        """The tracker thread: open the run, then write what the events say until the end."""
-        writer = None
-        time.sleep(delay_s)
-        with mlflow_globals_at(self.uri):
-            while True:
-                events = _drain(self._queue)
-                end = next((e for e in events if isinstance(e, _End)), None)
-                with one_at_a_time():  # MLflow loads parts of itself as it first uses them
-                    writer = self._write(writer, [e for e in events if not isinstance(e, _End)])
-                    if end is not None:
-                        self._end(writer, end)
-                        return
-
-    def _write(self, writer: Mirror | Literal[False] | None, events: list) -> Mirror | Literal[False]:
-        """Writes a batch of events; after a failure, events are dropped (the run dir has them)."""
-        if writer is False:
-            return writer
-        try:
-            if writer is None:
-                writer = self._open()
-            writer.write(events)
-            return writer
-        except Exception as exc:  # tracking must never cost the run
-            self._warn(exc)
-            return False
-
-    def _open(self) -> Mirror:
-        c = self.context
-        store = Store(self.uri, c.cfg.mlflow.experiment, c.launch_dir)
-        writer = self._mirror = Mirror(store, c)
-        self.run_id = writer.open()
-        c.run_dir.write_mlflow_record({"run_id": self.run_id, "tracking_uri": self.uri, "status": "RUNNING"})
-        return writer
-
-    def _end(self, writer: Mirror | Literal[False] | None, end: _End) -> None:
-        if writer is False:  # the run, if created, still gets its true end when the store allows it
-            if self._mirror is not None and self._mirror.store.run_id:
-                with contextlib.suppress(Exception):
-                    self._mirror.store.end(end.status, int(time.time() * 1000))
-            return
-        try:
-            writer = writer or self._open()
-            writer.end(end.summary, end.status)
-            self.context.run_dir.write_mlflow_record(
-                {"run_id": self.run_id, "tracking_uri": self.uri, "status": end.status, "digest": self.digest()}
-            )
-        except Exception as exc:  # tracking must never cost the run
-            self._warn(exc)
-
-    def _warn(self, exc: BaseException) -> None:
+    def _warn(self, why: str) -> None:
         run_dir = self.context.run_dir.root
         log.warning(
-            "MLflow logging to %s failed (%s); the run goes on and its outputs are complete in %s. Log "
-            "them later with: python -m reflact.relog %s",
+            "MLflow logging to %s failed (%s); the run's outputs are complete in %s. Log them with: "
+            "python -m reflact.relog %s",
             self.uri,
-            one_line(exc),
+            why,
             run_dir,
             run_dir,
         )
 
 
-def _drain(events: queue.SimpleQueue) -> list:
-    """What is queued: at least one event (waiting for it), then what else comes within BATCH_S."""
-    batch = [events.get()]
-    deadline = time.monotonic() + BATCH_S
-    while time.monotonic() < deadline and not isinstance(batch[-1], _End):
+class TrackerProcess:
+    """The tracker process (reflact.tracking.worker) and the run's side of its pipes: a feeder
+    thread pickling the outbox down its stdin, a listener thread reading its answers."""
+
+    def __init__(self, start: Start) -> None:
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.run_id: str | None = None
+        self.started = False
+        self._first = start
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._failure = ""  # why the tracker gave up, from its last answer
+        self._ready = False  # the tracker has imported mlflow, or found the store failing
+        self._answered = 0.0  # monotonic: the store's last answer, as the tracker reported it
+        self._failing = False  # the store's last answer was a failure
+
+    def start(self, delay_s: float) -> None:
+        with self._lock:
+            if not self.started:
+                self.started = True
+                threading.Thread(target=self._feed, args=(delay_s,), name="reflact-mlflow", daemon=True).start()
+
+    def end(self, ended: float, deadline_s: float) -> str:
+        """Waits for the tracker's end, then stops the process: an empty answer when it ended the
+        run, else why not (its own reason, or that the store stayed silent for the deadline)."""
+        answered = self._wait(ended, deadline_s)
+        self._stop(ANSWER_S if answered else 0.0)
+        if not answered:
+            return f"no answer within mlflow.deadline_s={deadline_s:g}"
+        return self._failure
+
+    def _wait(self, ended: float, deadline_s: float) -> bool:
+        """Whether the tracker is done before the store has been silent for `deadline_s` since
+        the run's end (or, while no store was asked yet, the tracker took START_S to import mlflow)."""
+        while True:
+            since = max(ended, self._answered) if self._ready else ended
+            remaining = since + (deadline_s if self._ready else START_S) - time.monotonic()
+            if remaining <= 0:
+                return self._done.is_set()
+            if self._done.wait(min(remaining, POLL_S)):  # the tracker's news may shorten the wait
+                return True
+
+    def _feed(self, delay_s: float) -> None:
+        """The feeder thread: starts the tracker process, then pipes it every event, in order."""
+        time.sleep(delay_s)
         try:
-            batch.append(events.get(timeout=max(deadline - time.monotonic(), 0)))
-        except queue.Empty:
-            break
-    return batch
+            proc = self._proc = _spawn()
+        except OSError as exc:
+            self._failure = f"the tracker process did not start: {exc}"
+            self._done.set()
+            return
+        threading.Thread(target=self._listen, args=(proc,), name="reflact-mlflow-answers", daemon=True).start()
+        message: object = self._first
+        try:
+            while True:
+                assert proc.stdin is not None
+                frame = pickle.dumps(message)  # framed: the tracker reads bytes on one thread, unpickles on another
+                proc.stdin.write(len(frame).to_bytes(8, "big") + frame)
+                proc.stdin.flush()
+                if isinstance(message, End):
+                    return
+                message = self.outbox.get()
+        except OSError:  # the tracker is gone: its answers (or their absence) say why
+            return
+
+    def _listen(self, proc: subprocess.Popen) -> None:
+        """The tracker's answers: the run's id, its log lines, and its end."""
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                self._take(json.loads(line))
+            except ValueError:
+                continue
+        if not self._done.is_set():
+            self._failure = self._failure or f"the tracker process ended with exit code {proc.wait()}"
+            self._done.set()
+
+    def _take(self, answer: dict) -> None:
+        if "answered" in answer:
+            self._ready, self._failing, self._answered = True, False, time.monotonic()
+        elif "failing" in answer:
+            self._ready, self._failing = True, True
+        elif "ready" in answer:  # mlflow imported: the store's deadline starts now, unless it failed already
+            self._ready = True
+            self._answered = self._answered if self._failing else time.monotonic()
+        elif "run_id" in answer:
+            self.run_id = answer["run_id"]
+        elif "log" in answer:
+            log.log(*answer["log"])
+        elif "done" in answer:
+            self._failure = answer["done"]
+            self._done.set()
+
+    def _stop(self, grace_s: float) -> None:
+        """The tracker process ends (given `grace_s` to exit by itself), whatever it was waiting on."""
+        proc = self._proc
+        if proc is None:
+            return
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _last_reply(summary: dict | None) -> float:
+    """When the stage ended (its last reply), on the monotonic clock: the deadline counts from
+    there, so the summary and analysis written since are part of it, not added to it (a long
+    analysis still leaves the store half of it: see `finish`)."""
+    now = time.monotonic()
+    ended_at = (summary or {}).get("times", {}).get("ended_at")
+    return now - max(time.time() - ended_at, 0.0) if isinstance(ended_at, (int, float)) else now
+
+
+def trace_record(event: Replied) -> dict:
+    """A request as the run dir keeps it for its trace (reflact.relog turns it back into the event)."""
+    return {
+        "tag": event.tag,
+        "number": event.number,
+        "messages": event.messages,
+        "reply": asdict(event.reply) if event.reply is not None else None,
+        "error": event.error,
+        "cost_usd": event.cost_usd,
+        "ended_at": event.ended_at,
+    }
+
+
+def _spawn() -> subprocess.Popen:
+    """The tracker process, importing this very reflact; its own session, so a terminal's signals
+    reach only the run (which ends the MLflow run through the pipe)."""
+    env = dict(os.environ)
+    root = str(Path(reflact.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return subprocess.Popen(
+        [sys.executable, "-m", "reflact.tracking.worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )

@@ -18,7 +18,7 @@ from reflact.config import ReflactConfig, priced
 from reflact.imports import one_at_a_time
 from reflact.inputs.dataset import Dataset
 from reflact.prompting.prompts import SystemPrompts, content_hash
-from reflact.running.events import MinibatchEnded, Planned, Replied
+from reflact.running.events import MinibatchEnded, Planned
 from reflact.running.outcome import Outcome
 from reflact.running.rundir import RunDir, SweepDir
 from reflact.tracking.store import (
@@ -107,6 +107,7 @@ class Mirror:
         return run_id
 
     def write(self, events: list) -> None:
+        """The plan's and settled minibatches' metrics and files (traces: `Store.trace`)."""
         rows: list[tuple[str, float, int]] = []
         files: list[tuple[Path, str]] = []
         for event in events:
@@ -114,8 +115,6 @@ class Mirror:
                 self.positions = {mb.tag: i for i, mb in enumerate(event.plan)}
                 self.totals.planned = len(event.plan)
                 rows.append(("minibatches", float(len(event.plan)), 0))
-            elif isinstance(event, Replied) and self.context.cfg.mlflow.trace_calls:
-                self._trace(event)
             elif isinstance(event, MinibatchEnded):
                 rows += self._ended(event.outcome)
                 files += self.context.run_dir.minibatch_files(event.outcome.tag, event.patch is not None)
@@ -201,9 +200,6 @@ class Mirror:
                 self.store.link_prompt(name, text, content_hash(text))
         except Exception as exc:  # the template hashes are params either way
             log.warning("the templates could not be linked from MLflow's prompt registry: %s", one_line(exc))
-
-    def _trace(self, event: Replied) -> None:
-        self.store.trace(event, self.context.cfg.optimizer.model)
 
     def _log_kept_items(self) -> None:
         rows = list(self.context.run_dir.kept_items())

@@ -9,6 +9,7 @@ own thread while the first calls are in flight.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import getpass
 import hashlib
 import json
@@ -165,8 +166,9 @@ class Store:
             from mlflow.tracking import MlflowClient
 
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-        self.experiment_id = experiment_id(self.client, experiment, uri, launch_dir)
+        with first_use(uri):  # making the client may migrate the store already
+            self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+            self.experiment_id = experiment_id(self.client, experiment, uri, launch_dir)
         self.run_id = ""
         self._artifact_dir: Path | None = None
 
@@ -284,6 +286,19 @@ class Store:
         self.client.end_trace(span.trace_id, outputs={"reply": reply.text}, attributes=attributes,
                               end_time_ns=int((started + reply.latency_s) * 1e9))
 
+    def traced_requests(self) -> set[tuple[str, str]]:
+        """(minibatch, request number) of every trace the store holds for the run."""
+        found: set[tuple[str, str]] = set()
+        token = None
+        while True:
+            page = self.client.search_traces(locations=[self.experiment_id], run_id=self.run_id,
+                                             max_results=500, page_token=token, include_spans=False)
+            found.update((t.info.tags.get("reflact.minibatch", ""), t.info.tags.get("reflact.request", ""))
+                         for t in page)
+            token = page.token
+            if not token:
+                return found
+
     def end(self, status: str, end_ms: int) -> None:
         self.client.set_terminated(self.run_id, status, end_time=end_ms)
 # fmt: on
@@ -328,6 +343,30 @@ def _tracking_uri_scope(uri: str) -> contextlib.AbstractContextManager:
         mlflow.set_tracking_uri(uri)
         return contextlib.nullcontext()
     return _use_tracking_uri(uri)
+
+
+@contextlib.contextmanager
+def first_use(uri: str):
+    """A local sqlite store is opened (and, when fresh, migrated) by one process at a time: two
+    runs migrating one fresh file at once fail, and one of them lost its whole run. A lock file
+    beside the store; other stores need none."""
+    path = sqlite_path(uri)
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The file of a `sqlite:///` store (None for another store, or sqlite in memory)."""
+    path = uri[len("sqlite:///") :].split("?", 1)[0] if uri.startswith("sqlite:///") else ""
+    return Path(unquote(path)) if path and path != ":memory:" else None
 
 
 def experiment_id(client, name: str, uri: str, launch_dir: Path) -> str:

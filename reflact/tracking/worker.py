@@ -1,0 +1,294 @@
+"""The tracker process: `python -m reflact.tracking.worker`, started by reflact.tracking.live.
+
+It reads pickled messages on stdin (the run's context first, then the stage's events, then the
+end) and answers JSON lines on stdout (the run's id, log lines, and when it is done). Being a
+process of its own, a tracking server that hangs can hold nothing of the run: the run waits for
+it at most `mlflow.deadline_s` at its end, then stops it. MLflow's CPU work (a trace is ~25 ms)
+runs beside the stage for real, not on a thread that shares its interpreter.
+
+A write that fails is retried with backoff while the run goes on; the events stay queued, so
+once the store answers again the MLflow run catches up (metrics, files, every trace) and ends
+with its true status. When its deadline passes first, `python -m reflact.relog` logs the run
+from its run dir.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO
+
+from reflact.imports import one_at_a_time
+from reflact.running.events import Replied
+from reflact.tracking.mirror import Mirror, RunContext
+from reflact.tracking.store import Store, mlflow_globals_at, one_line
+
+log = logging.getLogger("reflact")
+BATCH_S = 0.5  # events written together: one metrics request per batch, not per minibatch
+FIRST_RETRY_S = 0.5  # then doubling, up to LAST_RETRY_S, while the store does not answer
+LAST_RETRY_S = 8.0
+PROBE_S = 2.0  # the first look at an HTTP tracking server
+ORPHAN_S = 10.0  # a tracker whose run was killed ends its MLflow run KILLED within this
+
+
+@dataclass(frozen=True)
+class Start:
+    context: RunContext
+    uri: str
+
+
+@dataclass(frozen=True)
+class End:
+    summary: dict | None  # None when the run was stopped before its summary
+    status: str
+    digest: str  # what the run holds, for the run dir's record (reflact.tracking.live)
+    deadline_s: float  # give up when the store has not answered for this long
+
+
+@dataclass
+class Backoff:
+    wait_s: float = FIRST_RETRY_S
+    next_at: float = 0.0  # monotonic
+    failing: str = ""  # the last failure, in one line; empty while the store answers
+    answered_at: float = field(default_factory=time.monotonic)  # the store's last answer
+
+    def failed(self, exc: BaseException, send: Callable[[dict], None]) -> None:
+        send({"failing": True})  # the parent's deadline counts from now on, not from mlflow's import
+        if not self.failing:
+            log.info("MLflow did not answer (%s); retrying while the run goes on", one_line(exc))
+        self.failing = one_line(exc)
+        self.next_at = time.monotonic() + self.wait_s
+        self.wait_s = min(self.wait_s * 2, LAST_RETRY_S)
+
+    def answered(self) -> None:
+        if self.failing:
+            log.info("MLflow answers again; the run caught up")
+        self.wait_s, self.next_at, self.failing = FIRST_RETRY_S, 0.0, ""
+        self.answered_at = time.monotonic()
+
+
+@dataclass
+class Tracker:
+    """The MLflow run of one run dir, written from queued events, retried until the deadline."""
+
+    context: RunContext
+    uri: str
+    send: Callable[[dict], None]  # one message to the parent
+    mirror: Mirror | None = None
+    pending: list = field(default_factory=list)  # events not written yet (traces excepted)
+    replied: list = field(default_factory=list)  # every request, for the traces
+    traced: set = field(default_factory=set)  # (tag, number) sent as traces
+    backoff: Backoff = field(default_factory=Backoff)
+
+    def add(self, events: list) -> None:
+        for event in events:
+            (self.replied if isinstance(event, Replied) else self.pending).append(event)
+
+    def flush(self) -> None:
+        """Writes what is queued (opening the run first); raises when the store fails."""
+        if self.mirror is None:
+            store = Store(self.uri, self.context.cfg.mlflow.experiment, self.context.launch_dir)
+            self.send({"answered": True})
+            store.client = Answering(store.client, self.send)  # type: ignore[assignment]  # the same methods
+            mirror = Mirror(store, self.context)
+            run_id = mirror.open()
+            self.context.run_dir.write_mlflow_record({"run_id": run_id, "tracking_uri": self.uri, "status": "RUNNING"})
+            self.send({"run_id": run_id})
+            self.mirror = mirror
+        if self.context.cfg.mlflow.trace_calls:
+            for event in self.replied:
+                if (event.tag, event.number) not in self.traced:
+                    self.mirror.store.trace(event, self.context.cfg.optimizer.model)
+                    self.traced.add((event.tag, event.number))
+        if self.pending:
+            self.mirror.write(self.pending)
+            self.pending = []
+
+    def attempt(self) -> bool:
+        """One try at writing what is queued, when the backoff allows; whether it all went."""
+        if time.monotonic() < self.backoff.next_at:
+            return False
+        try:
+            self.flush()
+        except Exception as exc:  # the store is down, frozen or refusing: try again later
+            self.backoff.failed(exc, self.send)
+            return False
+        self.backoff.answered()
+        return True
+
+    def end(self, end: End) -> str:
+        """Catches up, checks every trace reached the store (MLflow only logs a failed trace
+        export), ends the run; retried until the store has not answered for the deadline. An
+        empty answer when it ended, else the last failure."""
+        self.backoff.answered_at = time.monotonic()  # the store gets the deadline from the run's end on
+        while True:
+            try:
+                self.flush()
+                assert self.mirror is not None  # flush opened it
+                if self.context.cfg.mlflow.trace_calls:
+                    self._resend_lost_traces()
+                self.mirror.end(end.summary, end.status)
+                record = {"run_id": self.mirror.store.run_id, "tracking_uri": self.uri, "status": end.status}
+                self.context.run_dir.write_mlflow_record({**record, "digest": end.digest})
+                return ""
+            except Exception as exc:  # retried until the deadline
+                self.backoff.failed(exc, self.send)
+            pause = max(self.backoff.next_at - time.monotonic(), 0.0)
+            if time.monotonic() + pause >= self.backoff.answered_at + end.deadline_s:
+                return self.backoff.failing
+            time.sleep(pause)
+
+    def _resend_lost_traces(self) -> None:
+        assert self.mirror is not None
+        present = self.mirror.store.traced_requests()
+        for event in self.replied:
+            if (event.tag, str(event.number)) not in present:
+                self.mirror.store.trace(event, self.context.cfg.optimizer.model)
+
+
+class Answering:
+    """The store's client, telling the parent each time the store answered (its deadline counts
+    the store's silence, not the work of a long catch-up)."""
+
+    def __init__(self, client, send: Callable[[dict], None]) -> None:
+        self._client, self._send = client, send
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+
+        def answered(*args, **kwargs):
+            result = attribute(*args, **kwargs)
+            self._send({"answered": True})
+            return result
+
+        return answered
+
+
+def serve(inbox: queue.SimpleQueue, send) -> None:
+    """The tracker's loop: batches of events written as they come, retried while the store fails.
+    This thread alone imports (holding the lock throughout); the inbox thread only reads bytes."""
+    with one_at_a_time():
+        _serve(_Messages(inbox), send)
+
+
+class _Messages:
+    """The inbox's frames as messages, unpickled on the thread that reads them; the end of stdin
+    (the run killed before its end) is an end KILLED."""
+
+    def __init__(self, frames: queue.SimpleQueue) -> None:
+        self.frames = frames
+
+    def get(self, timeout: float | None = None):
+        frame = self.frames.get(timeout=timeout)
+        return pickle.loads(frame) if frame else End(None, "KILLED", "", ORPHAN_S)
+
+
+def _serve(inbox: _Messages, send) -> None:
+    start: Start = inbox.get()
+    tracker = Tracker(start.context, start.uri, send)
+    if not _answers(start.uri):
+        send({"failing": True})
+    with mlflow_globals_at(start.uri):
+        send({"ready": True})  # mlflow is imported: from now on only the store can be slow
+        tracker.backoff.answered_at = time.monotonic()
+        while True:
+            events = _drain(inbox, BATCH_S if not tracker.backoff.failing else tracker.backoff.wait_s)
+            end = next((e for e in events if isinstance(e, End)), None)
+            tracker.add([e for e in events if not isinstance(e, End)])
+            if end is not None:
+                send({"done": tracker.end(end)})
+                return
+            tracker.attempt()
+
+
+def _answers(uri: str) -> bool:
+    """Whether a tracking server answers at all (any HTTP status), asked before mlflow is imported
+    (seconds), so that a run ending early gives a dead server its deadline, not mlflow's import."""
+    if not uri.startswith(("http://", "https://")):
+        return True  # a local store: nothing to wait for
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_S).close()
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):  # refused, reset, timed out, not a URL
+        return False
+    return True
+
+
+def _drain(inbox: _Messages, window_s: float) -> list:
+    """At least one message (waiting for it), then what else comes within `window_s`."""
+    batch = [inbox.get()]
+    deadline = time.monotonic() + window_s
+    while not isinstance(batch[-1], End):
+        try:
+            batch.append(inbox.get(timeout=max(deadline - time.monotonic(), 0)))
+        except queue.Empty:
+            break
+    return batch
+
+
+def _read(stream: IO[bytes], inbox: queue.SimpleQueue) -> None:
+    """stdin's frames (an 8-byte length, then a pickle) into the inbox, as bytes; an empty frame
+    when stdin ends."""
+    try:
+        while len(head := stream.read(8)) == 8:
+            frame = stream.read(int.from_bytes(head, "big"))
+            inbox.put(frame)
+    except OSError:
+        pass
+    inbox.put(b"")
+
+
+class _ToParent(logging.Handler):
+    def __init__(self, send) -> None:
+        super().__init__(logging.INFO)
+        self.send = send
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.send({"log": [record.levelno, record.getMessage()]})
+
+
+def main() -> int:
+    # the parent ends this process (a terminal's Ctrl-C is the parent's to handle)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # one try per request, bounded: the backoff here retries, and the run's deadline bounds it all
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    # a failed trace export is retried here: MLflow's own warning about it is not the run's news
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "ERROR")
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # anything else printing goes to stderr, never into the messages
+    lock = threading.Lock()
+
+    def send(message: dict) -> None:
+        with lock:
+            out.write(json.dumps(message) + "\n")
+            out.flush()
+
+    log.addHandler(_ToParent(send))
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=_read, args=(sys.stdin.buffer, inbox), name="reflact-inbox", daemon=True).start()
+    serve(inbox, send)
+    return 0
+
+
+if __name__ == "__main__":
+    # the messages' classes are this module's, not __main__'s: run it as itself
+    from reflact.tracking import worker
+
+    sys.exit(worker.main())

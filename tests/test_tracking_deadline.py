@@ -1,0 +1,112 @@
+"""Tracking has deadlines: a tracking server that is down, frozen, dropping connections or a black
+hole costs the run at most `mlflow.deadline_s` of silence at its end, then one warning naming
+relog; the run's exit code and run dir are those of a run without tracking. relog then rebuilds
+the run completely (traces included). A fresh sqlite store opened by several runs at once keeps
+every run.
+
+The runs are `python -m reflact.run` subprocesses against the loopback optimizer server and the
+failing tracking server of reflact/testing/tracking_endpoint.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reflact.testing.optimizer_server import OptimizerServer
+from reflact.testing.tracking_endpoint import MODES, FailingTracking
+from tests.conftest import ok, output, run_cli, summary_of, write_dataset
+
+# far beyond the deadline, far below what a run held by its tracker took (355 s frozen, ~95 s black hole)
+HELD_S = 60
+
+
+def run_against(mode: str, tmp_path: Path, server: OptimizerServer) -> subprocess.CompletedProcess:
+    data = write_dataset(tmp_path / "data", n_fail=4, n_succ=0)
+    (tmp_path / "launch").mkdir()
+    with FailingTracking(mode) as tracking:
+        return run_cli(
+            f"data.dir={data}",
+            f"optimizer.base_url={server.base_url}",
+            "optimizer.model=test",
+            "reflect.minibatch_size=1",
+            f"hydra.run.dir={tmp_path / 'run'}",
+            f"mlflow.tracking_uri={tracking.uri}",
+            "mlflow.deadline_s=1",
+            cwd=tmp_path / "launch",
+            timeout=HELD_S,
+        )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_failing_tracking_server_costs_one_warning_and_nothing_of_the_run(mode, tmp_path, server):
+    proc = run_against(mode, tmp_path, server)
+    ok(proc)
+    assert summary_of(tmp_path / "run")["counts"]["minibatches_done"] == 4
+    assert len(list((tmp_path / "run" / "patches").glob("*.json"))) == 4
+    warnings = [line for line in output(proc).splitlines() if "WARNING" in line and "MLflow" in line]
+    assert len(warnings) == 1, output(proc)
+    assert f"python -m reflact.relog {tmp_path / 'run'}" in warnings[0]
+    assert "Traceback" not in output(proc)
+    assert json.loads((tmp_path / "run" / "mlflow_run.json").read_text())["status"] == "INCOMPLETE"
+
+
+def test_relog_rebuilds_a_run_whose_server_was_down_with_every_trace(tmp_path, server, migrated_store):
+    ok(run_against("refuse", tmp_path, server))
+    store = tmp_path / "good.db"
+    store.write_bytes(migrated_store.read_bytes())
+    uri = f"sqlite:///{store}"
+    relog = subprocess.run(
+        [sys.executable, "-m", "reflact.relog", str(tmp_path / "run"), "--tracking-uri", uri],
+        cwd=tmp_path / "launch",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert relog.returncode == 0, relog.stderr[-3000:]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("reflact")
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["minibatches_done"] == 4
+    traces = client.search_traces(locations=[experiment.experiment_id], run_id=run.info.run_id, max_results=100)
+    calls = summary_of(tmp_path / "run")["counts"]["calls"]
+    assert len(traces) == calls == 4
+    assert {t.info.tags["reflact.minibatch"] for t in traces} == {
+        p.stem for p in (tmp_path / "run" / "patches").glob("*.json")
+    }
+    assert all(t.data.spans and t.data.spans[0].inputs["messages"] for t in traces)
+
+
+OPEN_A_RUN = """
+import sys
+from pathlib import Path
+from reflact.tracking.store import Store
+store = Store(sys.argv[1], "reflact", Path(sys.argv[2]))
+store.create(sys.argv[3], {}, 0)
+store.end("FINISHED", 1)
+"""
+
+
+def test_runs_opening_a_fresh_sqlite_store_at_once_all_keep_their_run(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}"
+    names = [f"run {i}" for i in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPEN_A_RUN, uri, str(tmp_path), name], stderr=subprocess.PIPE, text=True
+        )
+        for name in names
+    ]
+    errors = [proc.communicate(timeout=180)[1] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0, 0], errors
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("reflact").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == names
