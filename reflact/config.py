@@ -183,7 +183,8 @@ class MlflowConfig:
     tracking_uri: str | None = None  # default: sqlite:///<launch dir>/outputs/mlflow.db
     experiment: str = "reflact"
     # the longest a run waits at its end for a tracking server that is down, frozen or never
-    # answers, counted from its last reply; then one warning, and relog logs the run later
+    # answers, counted from its last reply; then one warning, and relog logs the run later (a local
+    # sqlite store busy with a sweep's other jobs, silent but not failing, gets at least 120 s)
     deadline_s: float = 10.0
 
 

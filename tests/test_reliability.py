@@ -279,7 +279,9 @@ def test_tracking_failure_still_completes_the_run(tracking_failure):
     counts = summary_of(t["run_dir"])["counts"]
     assert counts["minibatches_done"] == 2 and counts["calls"] == 2 and counts["edits_kept"] == 8
     assert "Traceback" not in output(t["proc"])
-    assert "mlflow_run.json" not in t["before_relog"]  # it was logged nowhere
+    # it was logged nowhere, and the run dir says so (relog logs it later)
+    record = json.loads(t["before_relog"]["mlflow_run.json"])
+    assert record["run_id"] is None and record["status"] == "INCOMPLETE"
 
 
 def test_tracking_failure_warns_naming_mlflow_and_relog(tracking_failure):
@@ -317,8 +319,10 @@ def test_relog_changes_nothing_in_the_run_dir_but_its_mlflow_record(tracking_fai
     t = tracking_failure
     ok(t["relog"])
     after = file_bytes(t["run_dir"])
-    assert set(after) - set(t["before_relog"]) == {"mlflow_run.json"}
-    assert {k: v for k, v in after.items() if k != "mlflow_run.json"} == t["before_relog"]
+    assert set(after) == set(t["before_relog"])  # the record of the failed logging is replaced
+    assert {k: v for k, v in after.items() if k != "mlflow_run.json"} == {
+        k: v for k, v in t["before_relog"].items() if k != "mlflow_run.json"}
+    assert json.loads(after["mlflow_run.json"])["status"] == "FINISHED"
 
 
 @pytest.mark.parametrize("what", ["dataset_folder", "empty_folder", "missing_folder"])

@@ -110,3 +110,14 @@ def test_runs_opening_a_fresh_sqlite_store_at_once_all_keep_their_run(tmp_path):
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs([client.get_experiment_by_name("reflact").experiment_id])
     assert sorted(r.info.run_name for r in runs) == names
+
+
+def test_a_local_sqlite_store_is_waited_for_longer_than_a_server():
+    # parallel sweep jobs on a loaded machine kept a fresh sqlite store busy (not down) for over 10 s:
+    # its runs were given up as if a server had died
+    from reflact.tracking.live import LOCAL_STORE_S, busy_allowance
+
+    assert busy_allowance("http://127.0.0.1:5000", 10.0) == 10.0
+    assert busy_allowance("postgresql+psycopg2://u@h/db", 3.0) == 3.0
+    assert busy_allowance("sqlite:////launch/outputs/mlflow.db", 10.0) == LOCAL_STORE_S >= 60
+    assert busy_allowance("sqlite:////launch/outputs/mlflow.db", 300.0) == 300.0

@@ -43,6 +43,9 @@ ANSWER_S = 0.5
 # how long the tracker may take to import mlflow (no store is involved yet; a busy machine is slow)
 START_S = 60.0
 POLL_S = 0.05
+# a local sqlite store that is silent without failing is busy, not down (a sweep's other jobs
+# migrating or writing it kept one silent for over 10 s on a loaded machine): it gets this long
+LOCAL_STORE_S = 120.0
 
 
 class LiveRun:
@@ -88,7 +91,7 @@ class LiveRun:
         # the tracker gives up a moment before the run stops it, so that it can say why
         left_s = deadline_s - (time.monotonic() - ended) - ANSWER_S
         self._tracker.outbox.put(End(summary, status, self.digest(), max(left_s, ANSWER_S)))
-        failure = self._tracker.end(ended, deadline_s)
+        failure = self._tracker.end(ended, deadline_s, busy_allowance(self.uri, deadline_s))
         if failure:
             self._warn(failure)
             self.context.run_dir.write_mlflow_record(
@@ -144,21 +147,24 @@ class TrackerProcess:
                 self.started = True
                 threading.Thread(target=self._feed, args=(delay_s,), name="reflact-mlflow", daemon=True).start()
 
-    def end(self, ended: float, deadline_s: float) -> str:
+    def end(self, ended: float, deadline_s: float, busy_s: float) -> str:
         """Waits for the tracker's end, then stops the process: an empty answer when it ended the
-        run, else why not (its own reason, or that the store stayed silent for the deadline)."""
-        answered = self._wait(ended, deadline_s)
+        run, else why not (its own reason, or that the store stayed silent for the deadline; a
+        store that is silent without failing gets `busy_s`)."""
+        answered = self._wait(ended, deadline_s, busy_s)
         self._stop(ANSWER_S if answered else 0.0)
         if not answered:
             return f"no answer within mlflow.deadline_s={deadline_s:g}"
         return self._failure
 
-    def _wait(self, ended: float, deadline_s: float) -> bool:
+    def _wait(self, ended: float, deadline_s: float, busy_s: float) -> bool:
         """Whether the tracker is done before the store has been silent for `deadline_s` since
-        the run's end (or, while no store was asked yet, the tracker took START_S to import mlflow)."""
+        the run's end (`busy_s` while it is not failing; START_S while the tracker imports mlflow
+        with no store asked yet)."""
         while True:
             since = max(ended, self._answered) if self._ready else ended
-            remaining = since + (deadline_s if self._ready else START_S) - time.monotonic()
+            allowed = START_S if not self._ready else deadline_s if self._failing else busy_s
+            remaining = since + allowed - time.monotonic()
             if remaining <= 0:
                 return self._done.is_set()
             if self._done.wait(min(remaining, POLL_S)):  # the tracker's news may shorten the wait
@@ -225,6 +231,12 @@ class TrackerProcess:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def busy_allowance(uri: str, deadline_s: float) -> float:
+    """How long the end of a run waits on a store that is silent without failing: `mlflow.deadline_s`,
+    or for a local sqlite file (busy, never down) at least LOCAL_STORE_S."""
+    return max(deadline_s, LOCAL_STORE_S) if uri.startswith("sqlite:") else deadline_s
 
 
 def _last_reply(summary: dict | None) -> float:
