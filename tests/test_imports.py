@@ -152,6 +152,6 @@ def test_runs_that_end_at_once_end_cleanly_every_time(server, launch_dir, tmp_pa
     data = write_dataset(tmp_path / "data", n_fail=4, n_succ=4)
     point = [f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
              "reflect.minibatch_size=2", "optimizer=compatible"]
-    for attempt in range(10):
+    for attempt in range(6):  # the wheel's soak in .ci/wheel_surface.sh runs more of them
         _ok(run_cli(*point, f"hydra.run.dir={tmp_path / f'run{attempt}'}", cwd=launch_dir))
-    assert server.count == 4  # the first run asked; the nine after it were answered by the cache
+    assert server.count == 4  # the first run asked; the five after it were answered by the cache
