@@ -147,14 +147,21 @@ def test_the_mlflow_run_is_killed_on_ctrl_c(tmp_path, server, launch_dir):
     main = threading.main_thread().ident
     assert main is not None
 
+    armed = threading.Event()  # a Ctrl-C that came after the test would stop the whole test session
+    armed.set()
+
     def interrupt(request, number):  # Ctrl-C while the first request is out
-        if number == 1:
+        if number == 1 and armed.is_set():
+            armed.clear()
             signal.pthread_kill(main, signal.SIGINT)
         return Response(body=chat_body(json.dumps(default_reply(request))), delay_s=0.3)
 
     server.script = interrupt
-    with pytest.raises(Stopped):
-        run_experiment(tracked(tmp_path, server, launch_dir), {}, tmp_path / "run", Launch(launch_dir))
+    try:
+        with pytest.raises(Stopped):
+            run_experiment(tracked(tmp_path, server, launch_dir), {}, tmp_path / "run", Launch(launch_dir))
+    finally:
+        armed.clear()
     assert mlflow_status(launch_dir, tmp_path / "run") == "KILLED"
 
 
