@@ -48,8 +48,9 @@ PRICED_TEST = "+optimizer.prices.test={input:1,cached_input:0.1,output:4}"
 
 
 def sweep(server: OptimizerServer, launch: Path, *extra: str):
+    # nine jobs one after another, beside three other test workers on two cores: minutes
     return run_cli(*SWEEP_ARGS, f"optimizer.base_url={server.base_url}", "optimizer.model=test", PRICED_TEST, *extra,
-                   cwd=launch)
+                   cwd=launch, timeout=900)
 
 
 def sqlite_uri(launch: Path) -> str:
