@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from reflact.errors import UserError
+from reflact.groups import FAILURE, Group
 
 EDIT_OPS = ("append", "insert_after", "replace", "delete")
 NEEDS_TARGET = ("insert_after", "replace", "delete")  # ops that find a target in the skill
@@ -143,13 +144,13 @@ def with_support(item: type[BaseModel]) -> type[BaseModel]:
     return create_model(f"{item.__name__}WithSupport", __base__=item, **{SUPPORT_FIELD: positions})  # type: ignore[call-overload]
 
 
-def reply_schema(mode: Mode, group: str, notes_allowed: bool, provenance: bool = False) -> dict:
+def reply_schema(mode: Mode, group: Group, notes_allowed: bool, provenance: bool = False) -> dict:
     """The JSON schema of a reply, sent as structured output where the server supports it."""
-    summary_key = "failure_summary" if group == "failure" else "success_patterns"
+    summary_key = group.summary_key
     item = (with_support(mode.item) if provenance else mode.item).model_json_schema()
     item.pop("title", None)
     properties = {
-        summary_key: {"type": "array", "items": FAILURE_PATTERN if group == "failure" else {"type": "object"}},
+        summary_key: {"type": "array", "items": FAILURE_PATTERN if group is FAILURE else {"type": "object"}},
         "patch": {
             "type": "object",
             "properties": {"reasoning": {"type": "string"}, mode.payload_key: {"type": "array", "items": item}},

@@ -127,7 +127,7 @@ def _inputs(cfg):
     """(dataset, system prompts) as the run had them, or None for what is no longer there."""
     from reflact.inputs.dataset import load_dataset
     from reflact.modes import get_mode
-    from reflact.prompting.prompts import resolve_system_prompts
+    from reflact.prompting.prompts import overrides_of, resolve_system_prompts
 
     try:
         dataset = load_dataset(cfg.data)
@@ -135,8 +135,7 @@ def _inputs(cfg):
         log.info("the dataset is not logged as an input: %s", exc)
         dataset = None
     try:
-        overrides = {"failure": cfg.prompts.error, "success": cfg.prompts.success}
-        system = resolve_system_prompts(overrides, get_mode(cfg.reflect.update_mode), cfg.reflect)
+        system = resolve_system_prompts(overrides_of(cfg.prompts), get_mode(cfg.reflect.update_mode), cfg.reflect)
     except UserError as exc:
         log.info("the templates are not linked: %s", exc)
         system = None

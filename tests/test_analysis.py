@@ -25,8 +25,9 @@ from reflact.analysis.matching import item_key, match, match_chunks, normalise
 from reflact.calls.protocol import DryRunEstimator
 from reflact.errors import UserError
 from reflact.experiment import Launch, run_experiment
+from reflact.groups import FAILURE, GROUPS
 from reflact.modes import MODES, SUPPORT_FIELD, reply_schema
-from reflact.prompting.prompts import GROUP_TEMPLATE, load_template, resolve_system_prompts
+from reflact.prompting.prompts import load_template, resolve_system_prompts
 from reflact.replies.patches import check_reply
 from reflact.replies.provenance import with_support_ids
 from reflact.running.rundir import fingerprint
@@ -404,8 +405,8 @@ def test_prompts_and_schema_are_unchanged_when_provenance_is_off(mode):
     assert with_support.success == f"{plain.success.rstrip()}\n\n{addition}\n"
     if mode == "patch":  # without skill-aware additions the plain text is the shipped template itself
         bare = resolve_system_prompts({}, MODES[mode], make_config("data.dir=x").reflect)
-        assert bare.failure == load_template(GROUP_TEMPLATE["failure"])
-    for group in ("failure", "success"):
+        assert bare.failure == load_template(FAILURE.template)
+    for group in GROUPS:
         assert reply_schema(MODES[mode], group, True) == reply_schema(MODES[mode], group, True, provenance=False)
         item = reply_schema(MODES[mode], group, True, provenance=True)["properties"]["patch"]["properties"][
             MODES[mode].payload_key]["items"]

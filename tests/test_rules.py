@@ -130,6 +130,22 @@ def test_failure_only_keeps_the_failures_at_the_boundary_and_counts_no_successes
     cfg = make_config(f"data.dir={data}", OFFLINE, *overrides)
     run_counts = counts(cfg, load_dataset(cfg.data), [], 0.0)
     assert (run_counts["results"], run_counts["failures"], run_counts["successes"]) == (3, 2, 0)
+    # the MLflow dataset's profile counts as summary.json does (it once counted 1 success here)
+    assert logged_profile(tmp_path, cfg) == {"results": 3, "failures": 2, "successes": 0, "skipped": 0}
+
+
+def logged_profile(tmp_path: Path, cfg) -> dict:
+    """The profile the MLflow mirror gives the run's dataset input."""
+    from reflact.running.rundir import RunDir
+    from reflact.tracking.mirror import Mirror, RunContext
+
+    class Store:
+        def log_dataset(self, name, digest, source, profile):
+            self.profile = profile
+
+    store = Store()
+    Mirror(store, RunContext(cfg, {}, RunDir(tmp_path / "run"), tmp_path, 0.0))._log_dataset(load_dataset(cfg.data))  # type: ignore[arg-type]
+    return store.profile
 
 
 # ---------------------------------------------------------------- SPEC 2.6 and 2.8: tags and order

@@ -152,9 +152,19 @@ def test_a_sweep_survives_its_tracking_server_restarted_mid_sweep(tmp_path, post
 
 
 def _assert_every_trace(uri: str, children: list, sweep_dir: Path) -> None:
-    from mlflow.tracking import MlflowClient
+    import mlflow
 
-    client = MlflowClient(tracking_uri=uri)
+    # a trace's spans (mlflow-artifacts:/...) are fetched through the process-wide tracking URI,
+    # not the client's: without this the test depends on what ran before it in the worker
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        _assert_traces_of(mlflow.MlflowClient(tracking_uri=uri), children, sweep_dir)
+    finally:
+        mlflow.set_tracking_uri(previous)
+
+
+def _assert_traces_of(client, children: list, sweep_dir: Path) -> None:
     for child in children:
         run_dir = Path(child.data.tags["reflact.run_dir"])
         assert sweep_dir in run_dir.parents

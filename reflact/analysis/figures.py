@@ -30,6 +30,7 @@ from reflact.analysis.matching import BUDGET_ITEM_CHARS, Key, Lexical, item_key,
 from reflact.analysis.records import finished_summary
 from reflact.config import AnalysisConfig
 from reflact.errors import UserError
+from reflact.groups import FAILURE
 from reflact.modes import MODES
 from reflact.prompting.plan import Minibatch, parse_tag
 from reflact.running.outcome import WITH_PATCH
@@ -180,7 +181,7 @@ def _agreement(run: Run, agreeing: list[bool]) -> dict:
         counts[(item.group, item.index)][0] += 1
         counts[(item.group, item.index)][1] += agrees
     records: list[dict[str, Any]] = []
-    for (group, index), draws in sorted(run.draws.items(), key=lambda kv: (kv[0][0] != "failure", kv[0][1])):
+    for (group, index), draws in sorted(run.draws.items(), key=lambda kv: (kv[0][0] != FAILURE.name, kv[0][1])):
         if draws >= 2:
             edits, agree = counts[(group, index)]
             records.append(

@@ -6,31 +6,24 @@ version) is a one-line UserError naming the run dir and the field, never a trace
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from pathlib import Path
 
+from reflact.calls.protocol import Usage
 from reflact.errors import UserError
 from reflact.imports import one_at_a_time
+from reflact.running.outcome import Outcome
 from reflact.running.rundir import SUMMARY, RunDir
 
-# the fields of a minibatch's record (reflact.running.outcome.Outcome) by the kind of value they hold
-_TEXTS = ("tag", "group", "status", "parse", "error")
-_COUNTS = (
-    "index",
-    "analysed",
-    "skipped",
-    "proposed",
-    "kept",
-    "calls",
-    "failed_calls",
-    "reasks",
-    "retries",
-    "cache_hits",
-    "parts",
-    "shortened",
-)
-_AMOUNTS = ("cost_usd", "spent_usd", "latency_s")  # a number, or null when unknown
-_LISTS = ("ids", "call_log")
-_USAGE = ("prompt", "cached", "completion", "reasoning")
+# what a minibatch's record (an Outcome) holds in each field, read off the dataclass
+_KIND = {f.name: f.type.split("[", 1)[0] for f in fields(Outcome)}  # str, int, float, list, Usage
+_USAGE = tuple(f.name for f in fields(Usage))
+_CHECKS = {  # kind -> (does a value fit, what it should be)
+    "str": (lambda v: isinstance(v, str), "a text"),
+    "int": (lambda v: _integer(v), "an integer"),
+    "float": (lambda v: v is None or _number(v), "a number"),  # null: unknown (a cost without a price)
+    "list": (lambda v: isinstance(v, list), "a list"),
+}
 
 
 def finished_summary(root: Path) -> dict:
@@ -64,16 +57,10 @@ def _check_minibatch(record: object, where: str) -> None:
     for key in ("tag", "group", "index", "status"):
         if key not in record:
             raise UserError(f"{where}: damaged (no '{key}')")
-    checks = (
-        (_TEXTS, lambda v: isinstance(v, str), "a text"),
-        (_COUNTS, _integer, "an integer"),
-        (_AMOUNTS, lambda v: v is None or _number(v), "a number"),
-        (_LISTS, lambda v: isinstance(v, list), "a list"),
-    )
-    for keys, fits, kind in checks:
-        for key in keys:
-            if key in record and not fits(record[key]):
-                raise UserError(f"{where}.{key} is damaged (got {_shown(record[key])}, not {kind})")
+    for key, value in record.items():
+        fits, kind = _CHECKS.get(_KIND.get(key, ""), (None, ""))
+        if fits is not None and not fits(value):
+            raise UserError(f"{where}.{key} is damaged (got {_shown(value)}, not {kind})")
     usage = record.get("usage", {})
     if not isinstance(usage, dict) or not all(k in _USAGE and _integer(v) for k, v in usage.items()):
         raise UserError(f"{where}.usage is damaged (token counts {', '.join(_USAGE)} expected)")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from reflact.errors import UserError, exits_on_user_error
 from reflact.files import write_text
+from reflact.groups import failed
 
 FORMATS = ("taubench", "chat_jsonl")
 TAU_TASK_TYPE = "tau-bench"
@@ -344,7 +345,7 @@ def summary(imported: Imported, out: Path) -> str:
     from reflact.config import ReflectConfig
 
     threshold = ReflectConfig().success_threshold  # the stage's default failure rule
-    failures = sum(1 for run in imported.runs if run.result["hard"] < threshold)
+    failures = sum(1 for run in imported.runs if failed(run.result["hard"], threshold))
     successes = len(imported.runs) - failures
     return f"reflact: wrote {len(imported.runs)} runs to {out} ({failures} failures, {successes} successes)"
 

@@ -103,7 +103,7 @@ class PromptBuilder:
             blocks.append(
                 render_block(position, len(shown), result.id, t.fields, t.extras, t.conversation, max_item_chars)
             )
-        system = self.system.failure if group == "failure" else self.system.success
+        system = self.system.text(group)
         step_buffer, meta_skill = self.contexts
         user = user_message(self.dataset.skill, self.mode, self.budget, group, blocks, step_buffer, meta_skill)
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]

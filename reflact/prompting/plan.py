@@ -16,16 +16,15 @@ import re
 from dataclasses import dataclass, replace
 
 from reflact.config import ReflectConfig
+from reflact.groups import GROUPS, failed, named, tagged
 from reflact.inputs.dataset import Result
 
-GROUPS = ("failure", "success")
-GROUP_TAG = {"failure": "fail", "success": "succ"}
 _TAG = re.compile(r"minibatch_(fail|succ)_(\d+)(?:\.d(\d+))?")
 
 
 @dataclass(frozen=True)
 class Minibatch:
-    group: str  # "failure" or "success"
+    group: str  # a group's name (reflact.groups)
     index: int  # position within its group
     results: list[Result]
     draw: int = 0  # which of the minibatch's `optimizer.samples` draws this conversation is
@@ -33,7 +32,7 @@ class Minibatch:
     @property
     def tag(self) -> str:
         """The minibatch's name: its patch file and its call folder are named after it."""
-        return f"minibatch_{GROUP_TAG[self.group]}_{self.index:03d}" + (f".d{self.draw}" if self.draw else "")
+        return f"minibatch_{named(self.group).tag}_{self.index:03d}" + (f".d{self.draw}" if self.draw else "")
 
     @property
     def ids(self) -> list[str]:
@@ -42,8 +41,8 @@ class Minibatch:
 
 def split(results: list[Result], threshold: float, failure_only: bool) -> tuple[list[Result], list[Result]]:
     """(failures, successes): a run below the threshold failed; successes are dropped with failure_only."""
-    failures = [r for r in results if r.hard < threshold]
-    successes = [] if failure_only else [r for r in results if r.hard >= threshold]
+    failures = [r for r in results if failed(r.hard, threshold)]
+    successes = [] if failure_only else [r for r in results if not failed(r.hard, threshold)]
     return failures, successes
 
 
@@ -61,11 +60,10 @@ def chunks(items: list, size: int) -> list[list]:
 def plan_minibatches(results: list[Result], reflect: ReflectConfig) -> list[Minibatch]:
     """Failures by index, then successes by index: the order patches are returned and logged in."""
     failures, successes = split(results, reflect.success_threshold, reflect.failure_only)
-    seeds = {"failure": reflect.seed, "success": reflect.seed + 1}
     plan = []
     for group, members in zip(GROUPS, (failures, successes), strict=True):
-        batches = chunks(shuffled(members, seeds[group]), reflect.minibatch_size)
-        plan += [Minibatch(group, index, batch) for index, batch in enumerate(batches)]
+        batches = chunks(shuffled(members, reflect.seed + group.seed_offset), reflect.minibatch_size)
+        plan += [Minibatch(group.name, index, batch) for index, batch in enumerate(batches)]
     return plan
 
 
@@ -79,5 +77,4 @@ def parse_tag(tag: str) -> tuple[str, int, int] | None:
     found = _TAG.fullmatch(tag)
     if found is None:
         return None
-    group = "failure" if found.group(1) == "fail" else "success"
-    return group, int(found.group(2)), int(found.group(3) or 0)
+    return tagged(found.group(1)).name, int(found.group(2)), int(found.group(3) or 0)

@@ -7,15 +7,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from reflact.config import AppendixSource, ReflectConfig
+from reflact.config import AppendixSource, PromptsConfig, ReflectConfig
 from reflact.errors import UserError
+from reflact.groups import FAILURE, GROUPS, SUCCESS, named
 from reflact.inputs.render import BLOCK_DIVIDER
 from reflact.modes import Mode
 from reflact.shipped import prompts_dir
 
 PROMPTS_DIR = prompts_dir()
-GROUP_TEMPLATE = {"failure": "analyst_error", "success": "analyst_success"}
-GROUP_HEADING = {"failure": "Failed Trajectories", "success": "Successful Trajectories"}
 _PATH_SUFFIXES = (".md", ".markdown", ".txt", ".text", ".rst")
 PROVENANCE_TEMPLATE = "provenance"  # appended to both templates with reflect.provenance
 
@@ -26,8 +25,16 @@ class SystemPrompts:
     success: str
     notes_allowed: dict[str, bool]  # group -> may the reply carry appendix_notes
 
+    def text(self, group: str) -> str:
+        return self.failure if group == FAILURE.name else self.success
+
     def hashes(self) -> dict[str, str]:
-        return {"failure": content_hash(self.failure), "success": content_hash(self.success)}
+        return {group.name: content_hash(self.text(group.name)) for group in GROUPS}
+
+
+def overrides_of(prompts: PromptsConfig) -> dict[str, str | None]:
+    """Each group's replacement of its template (text or a file path), None where there is none."""
+    return {group.name: getattr(prompts, group.prompt_key) for group in GROUPS}
 
 
 def content_hash(text: str) -> str:
@@ -104,27 +111,27 @@ def resolve_system_prompts(
     provenance additions (each only when its option is on: off, the text is the plain template)."""
     skill_aware = reflect.skill_aware.enabled and not mode.full_rewrite
     notes_allowed = {
-        "failure": skill_aware,
-        "success": skill_aware and reflect.skill_aware.appendix_source is AppendixSource.both,
+        FAILURE.name: skill_aware,
+        SUCCESS.name: skill_aware and reflect.skill_aware.appendix_source is AppendixSource.both,
     }
     texts = {}
-    for group, base in GROUP_TEMPLATE.items():
-        key = "prompts.error" if group == "failure" else "prompts.success"
-        text = text_or_file(overrides.get(group), key)
+    for group in GROUPS:
+        key, base = group.config_key, group.template
+        text = text_or_file(overrides.get(group.name), key)
         if text is None:
             text = load_template(base + mode.template_suffix, prompts_dir) or load_template(base, prompts_dir)
         if text is None:
             raise UserError(f"{key}: no template {base}.md in {prompts_dir}")
-        if notes_allowed[group]:
-            name = f"skill_aware_{'error' if group == 'failure' else 'success'}"
+        if notes_allowed[group.name]:
+            name = group.skill_aware_template
             addition = _required(load_template(name, prompts_dir), key, name, prompts_dir)
             text = f"{text.rstrip()}\n\n{addition.strip()}\n"
         if reflect.provenance:  # the shipped text when a prompts folder of one's own lacks it
             found = load_template(PROVENANCE_TEMPLATE, prompts_dir) or load_template(PROVENANCE_TEMPLATE)
             addition = _required(found, key, PROVENANCE_TEMPLATE, PROMPTS_DIR)
             text = f"{text.rstrip()}\n\n{addition.strip()}\n"
-        texts[group] = text
-    return SystemPrompts(failure=texts["failure"], success=texts["success"], notes_allowed=notes_allowed)
+        texts[group.name] = text
+    return SystemPrompts(failure=texts[FAILURE.name], success=texts[SUCCESS.name], notes_allowed=notes_allowed)
 
 
 def budget_section(mode: Mode, budget: int) -> str:
@@ -164,5 +171,5 @@ def user_message(
         sections.append(f"## Previous Steps in This Epoch\n{step_buffer.strip()}")
     if meta_skill.strip():
         sections.append(meta_skill_section(meta_skill))
-    sections.append(f"## {GROUP_HEADING[group]} ({len(blocks)} total)\n\n" + BLOCK_DIVIDER.join(blocks))
+    sections.append(f"## {named(group).heading} ({len(blocks)} total)\n\n" + BLOCK_DIVIDER.join(blocks))
     return "\n\n".join(sections)

@@ -8,6 +8,7 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
+from reflact.groups import FAILURE
 from reflact.modes import Mode
 
 LAPSES_ONLY = "execution lapses only"  # the reasoning of a failure patch made of notes alone (no patch sent)
@@ -72,15 +73,15 @@ def check_reply(obj: dict, mode: Mode, group: str, budget: int, notes_allowed: b
     with notes (SPEC 4): its notes are kept in a patch with no edits, whatever is wrong with the
     patch, so that a wrong edit never costs the notes."""
     obj = dict(obj)
-    if group == "failure" and "failure_summary" in obj:
-        obj["failure_summary"] = failure_summary(obj["failure_summary"])
+    if group == FAILURE.name and FAILURE.summary_key in obj:
+        obj[FAILURE.summary_key] = failure_summary(obj[FAILURE.summary_key])
     notes = normalize_notes(obj.get("appendix_notes")) if notes_allowed else []
     if notes_allowed:
         obj["appendix_notes"] = notes
     try:
         return _checked_patch(obj, mode, budget)
     except ReplyError as exc:
-        if group == "failure" and notes:
+        if group == FAILURE.name and notes:
             return _notes_only(obj, mode, str(exc))
         raise
 

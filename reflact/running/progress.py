@@ -10,6 +10,7 @@ import logging
 import threading
 
 from reflact.config import ReflactConfig, priced
+from reflact.groups import FAILURE
 from reflact.modes import Mode
 from reflact.running.events import CallStarted, EndpointFailed, MinibatchEnded, Planned, Replied
 from reflact.running.outcome import Outcome
@@ -47,7 +48,7 @@ class Progress:
     def _planned(self, event: Planned) -> None:
         r, k = self.cfg.reflect, self.cfg.optimizer.samples
         self.total = len(event.plan)
-        n_fail = sum(1 for mb in event.plan if mb.group == "failure" and not mb.draw)
+        n_fail = sum(1 for mb in event.plan if mb.group == FAILURE.name and not mb.draw)
         draws = f" x {k} draws" if k > 1 else ""
         log.info(
             "reflect: %d minibatches%s (%d failure, %d success), M=%d L=%d mode=%s workers=%d%s",

@@ -10,6 +10,7 @@ import json
 import shutil
 from typing import TextIO
 
+from reflact.groups import named
 from reflact.replies.patches import normalize_notes
 from reflact.running.outcome import Outcome
 from reflact.running.rundir import RunDir
@@ -59,10 +60,10 @@ def _count(value: object) -> str:
 
 def _patch_lines(o: Outcome, patch: dict, rows: list[dict], payload_key: str) -> list[str]:
     lines = []
-    summary_key = "failure_summary" if o.group == "failure" else "success_patterns"
-    patterns = patch.get(summary_key)
+    group = named(o.group)
+    patterns = patch.get(group.summary_key)
     if patterns:
-        lines += ["", f"**{'Failure summary' if o.group == 'failure' else 'Success patterns'}**", ""]
+        lines += ["", f"**{group.summary_title}**", ""]
         for p in patterns if isinstance(patterns, list) else [patterns]:
             lines.append(f"- {_pattern(p)}")
     reasoning = (patch.get("patch") or {}).get("reasoning")

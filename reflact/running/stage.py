@@ -16,11 +16,12 @@ from pathlib import Path
 
 from reflact.calls.protocol import Optimizer, output_allowance
 from reflact.config import ReflactConfig
+from reflact.groups import GROUPS
 from reflact.inputs.dataset import Dataset
 from reflact.modes import Mode, get_mode, reply_schema
 from reflact.prompting.messages import Prompt, PromptBuilder
-from reflact.prompting.plan import GROUPS, Minibatch, plan_minibatches, with_draws
-from reflact.prompting.prompts import SystemPrompts, resolve_system_prompts, text_or_file
+from reflact.prompting.plan import Minibatch, plan_minibatches, with_draws
+from reflact.prompting.prompts import SystemPrompts, overrides_of, resolve_system_prompts, text_or_file
 from reflact.replies.patches import merge_replies
 from reflact.running.ask import Asker, Spend
 from reflact.running.events import MinibatchEnded, Observer, Planned, Publisher
@@ -78,8 +79,7 @@ class Stage:
         self.run_dir = RunDir(run_dir)
         self.mode: Mode = get_mode(cfg.reflect.update_mode)
         # resolved before any call, so a bad override path stops the run with nothing spent
-        overrides = {"failure": cfg.prompts.error, "success": cfg.prompts.success}
-        self.system: SystemPrompts = resolve_system_prompts(overrides, self.mode, cfg.reflect)
+        self.system: SystemPrompts = resolve_system_prompts(overrides_of(cfg.prompts), self.mode, cfg.reflect)
         contexts = [text_or_file(getattr(cfg.reflect, key), f"reflect.{key}") or ""
                     for key in ("step_buffer", "meta_skill")]
         self.prompts = PromptBuilder(cfg, dataset, self.mode, self.system, *contexts)
@@ -89,7 +89,7 @@ class Stage:
 
     def _asker(self, optimizer: Optimizer) -> Asker:
         o, provenance = self.cfg.optimizer, self.cfg.reflect.provenance
-        schemas = {group: reply_schema(self.mode, group, self.system.notes_allowed[group], provenance)
+        schemas = {group.name: reply_schema(self.mode, group, self.system.notes_allowed[group.name], provenance)
                    for group in GROUPS}
         return Asker(optimizer, self.mode, self.cfg.reflect.edit_budget, self.cfg.reflect.max_reasks,
                      output_allowance(o, self.mode), o.max_output_tokens_ceiling, o.prices.get(o.model),

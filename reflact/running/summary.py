@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import asdict
 
 from reflact.calls.protocol import Usage
-from reflact.config import ReflactConfig, priced
+from reflact.config import ReflactConfig, ReflectConfig, priced
 from reflact.inputs.dataset import Dataset
 from reflact.metrics import STATUSES
 from reflact.modes import Mode
@@ -85,17 +85,24 @@ def settings(cfg: ReflactConfig, template_hashes: dict[str, str]) -> dict:
     return shown
 
 
-def counts(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], wall_time_s: float) -> dict:
-    failures, successes = split(dataset.results, cfg.reflect.success_threshold, cfg.reflect.failure_only)
-    usage = Usage()
-    for o in outcomes:
-        usage.add(o.usage)
-    by_status = {status: sum(1 for o in outcomes if o.status == status) for status in STATUSES}
+def dataset_counts(dataset: Dataset, reflect: ReflectConfig) -> dict[str, int]:
+    """The dataset's runs as the stage took them (also the MLflow dataset's profile)."""
+    failures, successes = split(dataset.results, reflect.success_threshold, reflect.failure_only)
     return {
         "results": len(dataset.results),
         "failures": len(failures),
         "successes": len(successes),
         "skipped": len(dataset.skipped),
+    }
+
+
+def counts(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], wall_time_s: float) -> dict:
+    usage = Usage()
+    for o in outcomes:
+        usage.add(o.usage)
+    by_status = {status: sum(1 for o in outcomes if o.status == status) for status in STATUSES}
+    return {
+        **dataset_counts(dataset, cfg.reflect),
         "minibatches": len(outcomes),
         **{f"minibatches_{status}": n for status, n in by_status.items()},
         "calls": sum(o.calls for o in outcomes),

@@ -15,12 +15,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from reflact.config import ReflactConfig, priced
+from reflact.groups import GROUPS
 from reflact.imports import one_at_a_time
 from reflact.inputs.dataset import Dataset
-from reflact.prompting.prompts import SystemPrompts, content_hash
+from reflact.prompting.prompts import SystemPrompts, content_hash, overrides_of
 from reflact.running.events import MinibatchEnded, Planned
 from reflact.running.outcome import Outcome
 from reflact.running.rundir import RunDir, SweepDir
+from reflact.running.summary import dataset_counts
 from reflact.tracking.store import (
     Store,
     analysis_metrics,
@@ -174,22 +176,17 @@ class Mirror:
         c = self.context
         skill, results = dataset.paths
         conversations = [dataset.conversation_path(r.id) for r in dataset.results if r.id not in dataset.skipped]
-        failures = sum(1 for r in dataset.results if r.hard < c.cfg.reflect.success_threshold)
-        profile = {
-            "results": len(dataset.results),
-            "failures": failures,
-            "successes": len(dataset.results) - failures,
-            "skipped": len(dataset.skipped),
-        }
+        profile = dataset_counts(dataset, c.cfg.reflect)  # as summary.json counts
         folder = Path(c.cfg.data.dir).resolve() if c.cfg.data.dir else results.resolve()
         self.store.log_dataset(folder.name, dataset_digest(skill, results, conversations), folder.as_uri(), profile)
 
     def _link_prompts(self, system: SystemPrompts) -> None:
         """The templates in MLflow's prompt registry; a registry that fails costs a warning, not the run."""
         c = self.context
-        overrides = {"failure": c.cfg.prompts.error, "success": c.cfg.prompts.success}
+        overrides = overrides_of(c.cfg.prompts)
         try:
-            for group, text in (("failure", system.failure), ("success", system.success)):
+            for group in (g.name for g in GROUPS):
+                text = system.text(group)
                 name = prompt_name(
                     group,
                     c.cfg.reflect.update_mode,
