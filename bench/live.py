@@ -127,7 +127,7 @@ def tail(stats: dict, latency: float, exited_at: float, run_dir: Path | None = N
     last_reply = max(stats["arrivals"]) + latency
     result = {"total": exited_at - last_reply}
     lines = (run_dir / "run.log").read_text(encoding="utf-8").splitlines() if run_dir else []
-    progress = [when(l) for l in lines if re.search(r"\] - \[ *\d+/\d+\]", l)]
+    progress = [when(l) for l in lines if re.search(r"\] - reflact: +\d+ of \d+ ended", l)]
     done = next((when(l) for l in lines if "] - done:" in l), None)
     if progress and done:
         result.update(to_last_minibatch=progress[-1] - last_reply, to_done=done - progress[-1],

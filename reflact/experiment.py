@@ -4,6 +4,7 @@ the run's summary and report, and the run's true status."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from pathlib import Path
 from reflact.analysis.figures import analyse_run_dir
 from reflact.analysis.figures import warm as analysis_warm
 from reflact.analysis.matchers import matcher_for
+from reflact.calls.deferred import Deferred, api_key
 from reflact.calls.protocol import CHARS_PER_TOKEN, DRY_RUN_REPLY_TOKENS, DryRunEstimator, Optimizer
 from reflact.config import ReflactConfig, how_to_price, priced
 from reflact.errors import Stopped
@@ -205,6 +207,11 @@ def make_optimizer(cfg: ReflactConfig, launch_dir: Path, skill: str, environ: di
     if cfg.optimizer.dry_run:
         full_rewrite = get_mode(cfg.reflect.update_mode).full_rewrite
         return DryRunEstimator(DRY_RUN_REPLY_TOKENS + (len(skill) // CHARS_PER_TOKEN if full_rewrite else 0))
-    from reflact.calls.client import make_client
+    api_key(cfg.optimizer, os.environ if environ is None else environ)  # a missing key stops the run here
 
-    return make_client(cfg.optimizer, launch_dir, environ)
+    def make() -> Optimizer:
+        from reflact.calls.client import make_client
+
+        return make_client(cfg.optimizer, launch_dir, environ)
+
+    return Deferred(make)

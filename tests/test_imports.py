@@ -133,6 +133,23 @@ def test_a_run_and_its_reruns_load_no_module_outside_the_lock(server, launch_dir
     assert (counts["cache_hits"], counts["calls"]) == (4, 0)  # the cached run made no request
 
 
+def test_a_rerun_with_every_patch_reused_never_loads_the_sdk(server, launch_dir, tmp_path):
+    """Nothing to ask: the client is never made, so the OpenAI SDK (about half a second of a
+    rerun's start) is never imported; the first run, which asks, does import it."""
+    data = write_dataset(tmp_path / "data", n_fail=3, n_succ=3)
+    point = [f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+             "optimizer=compatible", "mlflow.enabled=false", f"hydra.run.dir={tmp_path / 'run'}"]
+    loaded = []
+    for _ in ("first", "again"):
+        proc = run_cli(*point, cwd=launch_dir, env={"PYTHONPROFILEIMPORTTIME": "1"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        loaded.append({line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
+                       if line.startswith("import time:")})
+    assert {"openai", "reflact.calls.client"} <= loaded[0]
+    assert not {"openai", "reflact.calls.client"} & loaded[1]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["counts"]["minibatches_reused"] == 2
+
+
 def test_the_audit_catches_a_thread_importing_without_the_lock(tmp_path, audited):
     """What the old warm-up did: a thread of reflact's loading modules outside the lock."""
     import subprocess

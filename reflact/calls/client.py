@@ -37,10 +37,10 @@ from tenacity import (
 
 from reflact.calls.cache import ResponseCache, cache_key, reply_entry
 from reflact.calls.completion import Completion, MalformedReply, read_completion
+from reflact.calls.deferred import api_key
 from reflact.calls.protocol import CallError, Reply, Usage, estimate_tokens
 from reflact.calls.ratelimit import RateLimiter
 from reflact.config import CacheMode, OptimizerConfig, Provider, StructuredOutput
-from reflact.errors import UserError
 from reflact.imports import resolve_lazy
 
 log = logging.getLogger("reflact")
@@ -345,13 +345,7 @@ def endpoint_of(cfg: OptimizerConfig, sdk: Any) -> dict:
 
 def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: Mapping[str, str] | None = None) -> OptimizerClient:
     """The one place a client is built from `optimizer.*`; the key comes from the environment."""
-    environ = os.environ if environ is None else environ
-    key = environ.get(cfg.api_key_env, "")
-    if not key and not cfg.base_url:
-        raise UserError(
-            f"no optimizer key: set the environment variable {cfg.api_key_env} "
-            "(or optimizer.base_url for a local OpenAI-compatible server)"
-        )
+    key = api_key(cfg, os.environ if environ is None else environ)
     # local servers usually ignore the key, but the SDK insists on one
     common: dict[str, Any] = {"api_key": key or "not-needed", "timeout": cfg.timeout_s, "max_retries": 0}
     sdk: openai.AsyncOpenAI

@@ -291,4 +291,9 @@ if __name__ == "__main__":
     # the messages' classes are this module's, not __main__'s: run it as itself
     from reflact.tracking import worker
 
-    sys.exit(worker.main())
+    code = worker.main()
+    # every write is committed and the parent has its answer: the interpreter's teardown of
+    # mlflow's modules (~0.5 s, which the run's end would wait for) has nothing left to do
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
