@@ -598,3 +598,34 @@ def test_analyze_logs_to_the_sweeps_mlflow_parent(tmp_path, two_seeds, migrated_
     assert {"redundancy_mean", "agreement_mean", "seed_agreement_mean"} <= set(metrics)
     assert {a.path for a in client.list_artifacts(parent, "analysis")} == {
         "analysis/analysis.md", "analysis/analysis.png", "analysis/analysis.json"}
+
+
+def _components(n: int, pairs: list[tuple[int, int]]) -> set[frozenset[int]]:
+    """The connected components, the slow and obvious way."""
+    groups = [{i} for i in range(n)]
+    for a, b in pairs:
+        ga = next(g for g in groups if a in g)
+        gb = next(g for g in groups if b in g)
+        if ga is not gb:
+            ga |= gb
+            groups.remove(gb)
+    return {frozenset(g) for g in groups}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_linked_items_fall_into_the_components_of_their_links(seed):
+    """Items linked directly or through others are one cluster, chunk after chunk of pairs."""
+    import numpy as np
+
+    rng = random.Random(seed)
+    n = rng.randint(1, 60)
+    chunks = [[(rng.randrange(n), rng.randrange(n)) for _ in range(rng.randint(0, n))] for _ in range(3)]
+    component = np.arange(n)
+    for chunk in chunks:
+        a = np.array([p[0] for p in chunk], dtype=np.int64)
+        b = np.array([p[1] for p in chunk], dtype=np.int64)
+        component = matching._joined(component, a, b)
+    found: dict[int, set[int]] = {}
+    for item, label in enumerate(component.tolist()):
+        found.setdefault(label, set()).add(item)
+    assert {frozenset(g) for g in found.values()} == _components(n, [p for c in chunks for p in c])
