@@ -117,6 +117,15 @@ def run(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch) -> Re
 def compose(overrides: Sequence[str] = ()) -> ReflactConfig:
     """The typed config the command line would use with these overrides (`+exp=demo`, `optimizer=...`,
     `reflect.minibatch_size=4`...), composed with Hydra's compose API and then forgotten."""
+    from reflact import config
+
+    dict_cfg = composed(overrides)
+    with as_user_error():
+        return config.typed(dict_cfg)
+
+
+def composed(overrides: Sequence[str] = ()):
+    """The config as Hydra composes it from these overrides (a DictConfig, not yet typed)."""
     with one_at_a_time():
         from hydra import compose as hydra_compose
         from hydra import initialize_config_dir
@@ -128,8 +137,7 @@ def compose(overrides: Sequence[str] = ()) -> ReflactConfig:
     given = config.hydra_spelling(_overrides(overrides))
     with as_user_error(), _COMPOSING, _own_hydra():
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            dict_cfg = hydra_compose(config_name="config", overrides=given)
-        return config.typed(dict_cfg)
+            return hydra_compose(config_name="config", overrides=given)
 
 
 def with_overrides(cfg: ReflactConfig, overrides: Sequence[str]) -> ReflactConfig:

@@ -18,7 +18,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from reflact import config, shipped
+from reflact import config, shipped, usage
 from reflact.errors import RunFailed, exits_on_user_error, fails_the_job, raise_stopped_on_sigterm, warnings_to_run_log
 from reflact.imports import one_at_a_time
 
@@ -94,6 +94,9 @@ def _main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     raise_stopped_on_sigterm()
     sys.argv[1:] = config.hydra_spelling(sys.argv[1:])
+    if usage.wanted(sys.argv[1:]):
+        print(usage.help_text(sys.argv[1:]))
+        return
     # decorated here, not at import: Hydra 1.4 warns about version_base as it decorates, and only
     # now do warnings go to the log (exits_on_user_error)
     job = hydra.main(config_path=str(shipped.conf_dir()), config_name="config", version_base="1.3")(_job)

@@ -72,3 +72,27 @@ def test_a_library_warning_goes_to_the_runs_log(tmp_path):
     assert "Warning" not in proc.stderr and "_self_" not in proc.stderr
     log = Path(run / "run.log").read_text()
     assert "[py.warnings][WARNING]" in log and "Defaults list is missing `_self_`" in log
+
+
+def test_help_lists_every_shipped_group_and_shows_the_config_with_the_overrides(tmp_path):
+    text = ok(run_cli("--help", "exp=demo", "reflect.seed=7", cwd=tmp_path))
+    for group in ("cluster", "exp", "optimizer"):
+        options = sorted(p.stem for p in (PROJECT / "conf" / group).glob("*.yaml"))
+        assert f"{group}: {', '.join(options)}" in text
+    shown = OmegaConf.create(text.split("key=value\n", 1)[1].rsplit("Hydra's own options", 1)[0])
+    assert shown.name == "demo" and shown.reflect.seed == 7 and "hydra" not in shown
+    assert list(tmp_path.iterdir()) == []  # help writes nothing
+
+
+def test_help_with_a_mistake_is_one_line(tmp_path):
+    proc = run_cli("-h", "+exp=nope", cwd=tmp_path)
+    [line] = proc.stderr.splitlines()
+    assert proc.returncode == 2 and line.startswith("reflact: error: config: In 'config': Could not find 'exp/nope'")
+    assert proc.stdout == ""
+
+
+def test_help_with_configs_of_ones_own_lists_them_beside_the_shipped_ones(tmp_path):
+    (tmp_path / "conf" / "exp").mkdir(parents=True)
+    (tmp_path / "conf" / "exp" / "mine.yaml").write_text("# @package _global_\nname: mine\n")
+    text = ok(run_cli("--config-dir", "conf", "--help", cwd=tmp_path))  # Hydra's own help, which reads them
+    assert "mine" in text.split("== Config ==")[0] and "demo_grid" in text
