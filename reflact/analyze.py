@@ -38,6 +38,7 @@ from reflact.config import AnalysisConfig, Matcher, ReflactConfig, check_thresho
 from reflact.errors import UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
 from reflact.running.rundir import ANALYSIS, RunDir, SweepDir
+from reflact.text import markdown_table
 
 log = logging.getLogger("reflact")
 SHOWN = ("edits", "distinct_edits", "distinct_edits_per_usd", "redundancy", "agreement")
@@ -161,10 +162,10 @@ def markdown(result: dict) -> str:
         "",
     ]
     head = ["run", "mode", "M", "L", "seed", "k", *SHOWN, "support_share"]
-    lines += _table(head, [[_short(r["run_dir"]), *(r[k] for k in head[1:])] for r in result["runs"]])
+    lines += markdown_table(head, [[_short(r["run_dir"]), *(_cell(r[k]) for k in head[1:])] for r in result["runs"]])
     lines += ["", "## Across seeds", "", "Runs whose settings differ only in the seed form a cell.", ""]
     head = ["mode", "M", "L", "k", "seeds", "runs", "edits", "recurring", "seed_agreement"]
-    lines += _table(head, [[c[k] for k in head] for c in result["cells"]])
+    lines += markdown_table(head, [[_cell(c[k]) for k in head] for c in result["cells"]])
     lines += [
         "",
         "agreement: share of a minibatch's items that another of its draws repeats (k >= 2); "
@@ -174,17 +175,12 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _table(head: list[str], rows: list[list]) -> list[str]:
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return out + ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
-
-
 def _cell(value: object) -> str:
     if value is None:
         return "–"
     if isinstance(value, float):
         return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
-    return str(value).replace("|", "\\|")
+    return str(value)
 
 
 def _short(path: str, limit: int = 48) -> str:
@@ -239,7 +235,8 @@ def write_report(result: dict, out: Path) -> list[Path]:
 
 def log_to_parents(sweeps: list[SweepDir], metrics: dict[str, float], paths: list[Path]) -> bool:
     """The figures on each sweep's MLflow parent run; False when a store failed (with a warning)."""
-    from reflact.tracking.store import mlflow_defaults, one_line
+    from reflact.text import one_line
+    from reflact.tracking.store import mlflow_defaults
 
     mlflow_defaults()
     with one_at_a_time():

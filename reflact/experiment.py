@@ -20,6 +20,7 @@ from reflact.config import ReflactConfig, how_to_price, priced
 from reflact.errors import Stopped
 from reflact.inputs.dataset import load_dataset
 from reflact.modes import get_mode
+from reflact.running.events import Replied
 from reflact.running.rundir import RunDir, locked
 from reflact.running.stage import Stage
 from reflact.running.summary import run_status, summarize, usd
@@ -93,9 +94,9 @@ def _run(
             ", ".join(sorted(dataset.skipped)[:10]) + (" ..." if len(dataset.skipped) > 10 else ""),
         )
     # the analysis at the end imports numpy and rapidfuzz (~0.15 s): load them while the
-    # process waits for its first replies (a dry run keeps no items to analyse)
+    # process waits for later replies (a dry run keeps no items to analyse)
     if not cfg.optimizer.dry_run and cfg.analysis.max_items:
-        threading.Thread(target=analysis_warm, name="reflact-warm", daemon=True).start()
+        stage.observe(WarmUp())
     try:
         outcomes = stage.run()
     finally:
@@ -111,6 +112,24 @@ def _run(
     report_end(cfg, summary, stage.mode.label, stage.run_dir)
     report_analysis(analysis)
     return RunResult(stage.run_dir.root, summary, status, reason, run_id, analysis)
+
+
+class WarmUp:
+    """Loads the analysis's libraries once the first reply is in, not before: until then the
+    import lock belongs to the first call, which is making the client (importing the SDK)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started = False
+
+    def __call__(self, event) -> None:
+        if not isinstance(event, Replied):
+            return
+        with self._lock:  # replies come on several workers at once: one thread, once
+            if self._started:
+                return
+            self._started = True
+        threading.Thread(target=analysis_warm, name="reflact-warm", daemon=True).start()
 
 
 def _analysis(cfg: ReflactConfig, stage: Stage, summary: dict, launch_dir: Path) -> dict:

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import secrets
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -123,3 +124,18 @@ def read_json(path: Path) -> object | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than json can read
         return None
+
+
+def lock_file(handle, wait: bool = False) -> None:
+    """An exclusive lock on an open file, released when the file is closed; OSError at once when
+    another process holds it, unless `wait`. Chosen by platform, so that `import reflact` works on
+    Windows too (no fcntl there)."""
+    if sys.platform == "win32":
+        import msvcrt
+
+        handle.seek(0)
+        msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK if wait else msvcrt.LK_NBLCK, 1)
+    else:
+        import fcntl
+
+        fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -29,8 +29,9 @@ def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | No
     (with a warning) when tracking failed."""
     from reflact.analysis.records import finished_summary
     from reflact.running.summary import run_status
+    from reflact.text import one_line
     from reflact.tracking.mirror import Mirror
-    from reflact.tracking.store import Store, mlflow_globals_at, one_line
+    from reflact.tracking.store import Store, mlflow_globals_at
 
     rd = RunDir(run_dir.resolve())
     if rd.summary() is None or not (rd / HYDRA / "config.yaml").is_file():

@@ -42,6 +42,7 @@ from reflact.calls.protocol import CallError, Reply, Usage, estimate_tokens
 from reflact.calls.ratelimit import RateLimiter
 from reflact.config import CacheMode, OptimizerConfig, Provider, StructuredOutput
 from reflact.imports import resolve_lazy
+from reflact.text import one_line
 
 log = logging.getLogger("reflact")
 
@@ -523,5 +524,4 @@ def describe_error(exc: BaseException, secret: str = "") -> str:
         text = f"connection failed: {exc.__cause__ or exc}"
     else:
         text = f"{type(exc).__name__}: {exc}"
-    text = " ".join(redact(text, secret).split())
-    return text if len(text) <= 300 else text[:299] + "…"
+    return one_line(redact(text, secret))

@@ -14,6 +14,7 @@ from reflact.groups import named
 from reflact.replies.patches import normalize_notes
 from reflact.running.outcome import Outcome
 from reflact.running.rundir import RunDir
+from reflact.text import markdown_table, one_line
 
 SNIPPET = 400  # characters of an item's text shown; the whole item is in the patch file
 
@@ -39,10 +40,10 @@ def minibatch_section(o: Outcome, patch: dict | None, rows: list[dict], payload_
 def _head(name: str, summary: dict) -> str:
     s, c = summary["settings"], summary["counts"]
     lines = ["# reflact run report", "", f"Run dir: `{name}`", "", "## Settings", ""]
-    lines += _table(["setting", "value"], [[k, _short(v)] for k, v in s.items() if k != "template_hashes"])
+    lines += markdown_table(["setting", "value"], [[k, _short(v)] for k, v in s.items() if k != "template_hashes"])
     lines += ["", "Template hashes: " + ", ".join(f"{g} `{h}`" for g, h in s["template_hashes"].items()), ""]
     lines += ["## Counts", ""]
-    lines += _table(["count", "value"], [[k, _count(v)] for k, v in c.items()])
+    lines += markdown_table(["count", "value"], [[k, _count(v)] for k, v in c.items()])
     if summary["skipped"]:
         lines += ["", "Skipped runs: " + ", ".join(f"`{i}` ({why})" for i, why in sorted(summary["skipped"].items()))]
     if "unused_trajectories" in summary:  # reflect.provenance
@@ -98,12 +99,4 @@ def _item(item: object) -> str:
 
 
 def _short(value: object) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = " ".join(text.split())
-    return text if len(text) <= SNIPPET else text[: SNIPPET - 1] + "…"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    return out
+    return one_line(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False), SNIPPET)

@@ -25,7 +25,6 @@ import contextlib
 import json
 import math
 import os
-import sys
 from collections.abc import Iterator
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -37,7 +36,7 @@ from reflact.calls.cache import cache_key
 from reflact.calls.protocol import Usage
 from reflact.config import ReflactConfig
 from reflact.errors import UserError
-from reflact.files import atomic_writer, read_json, write_json, write_text
+from reflact.files import atomic_writer, lock_file, read_json, write_json, write_text
 from reflact.modes import MODES
 from reflact.running.outcome import Outcome
 
@@ -252,7 +251,7 @@ def locked(run_dir: RunDir):
     run_dir.root.mkdir(parents=True, exist_ok=True)
     with open(run_dir / ".lock", "a+", encoding="utf-8") as handle:
         try:
-            _lock_now(handle)
+            lock_file(handle)
         except OSError:  # BlockingIOError, or PermissionError from Windows' msvcrt
             other = _holder(handle)
             raise UserError(
@@ -264,20 +263,6 @@ def locked(run_dir: RunDir):
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         yield
-
-
-def _lock_now(handle) -> None:
-    """An exclusive lock on the open file, or OSError at once if another process holds it. Chosen by
-    platform, so that `import reflact` works on Windows too (no fcntl there)."""
-    if sys.platform == "win32":
-        import msvcrt
-
-        handle.seek(0)
-        msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
-    else:
-        import fcntl
-
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def _holder(handle) -> str:

@@ -26,6 +26,7 @@ from reflact.config import unchanging
 from reflact.errors import JobFailed, UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
 from reflact.running.rundir import SweepDir
+from reflact.tracking.store import now_ms
 
 log = logging.getLogger("reflact")
 
@@ -91,7 +92,7 @@ class MlflowSweep(Callback):
             store.client.update_run(store.run_id, status="RUNNING")  # the same sweep again: resume its parent
         else:
             sid = sweep_id(sweep_dir, launch_dir)
-            store.create(f"sweep {config.name}", {"reflact.sweep_id": sid, "reflact.sweep_parent": "true"}, _now_ms())
+            store.create(f"sweep {config.name}", {"reflact.sweep_id": sid, "reflact.sweep_parent": "true"}, now_ms())
             sweep.write_parent_record({"run_id": store.run_id, "tracking_uri": store.uri, "sweep_id": sid})
             store.log_params({**fixed, **{key: ",".join(values) for key, values in swept.items()}})
             log.info("MLflow parent run %s for sweep %s", store.run_id, sid)
@@ -110,7 +111,7 @@ class MlflowSweep(Callback):
         assert self._open is not None  # called only while the parent is open
         store, _ = self._open
         self._open = None
-        store.end(status, _now_ms())
+        store.end(status, now_ms())
 
 
 def sweep_settings(config: DictConfig) -> tuple[dict[str, str], dict[str, list[str]]]:
@@ -204,7 +205,7 @@ def status_of_children(store, sweep: SweepDir, failed: bool) -> str:
     ):
         if key in over and over[key].notna().any():
             metrics[f"{key}_{how}"] = float(getattr(over[key], how)())
-    store.log_metrics([(k, float(v), 0) for k, v in metrics.items()], _now_ms())
+    store.log_metrics([(k, float(v), 0) for k, v in metrics.items()], now_ms())
     if "KILLED" in statuses:
         return "KILLED"
     return "FAILED" if failed or "FAILED" in statuses or "RUNNING" in statuses else "FINISHED"
@@ -233,9 +234,3 @@ def _alive(store, run_id: str) -> bool:
         return store.client.get_run(run_id).info.lifecycle_stage == "active"
     except Exception:  # deleted or from another store
         return False
-
-
-def _now_ms() -> int:
-    import time
-
-    return int(time.time() * 1000)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,13 +22,14 @@ from reflact.running.events import MinibatchEnded, Planned
 from reflact.running.outcome import Outcome
 from reflact.running.rundir import RunDir, SweepDir
 from reflact.running.summary import dataset_counts
+from reflact.text import one_line
 from reflact.tracking.store import (
     Store,
     analysis_metrics,
     context_tags,
     dataset_digest,
     minibatch_metrics,
-    one_line,
+    now_ms,
     prompt_name,
     run_name,
     setting_metrics,
@@ -101,7 +101,7 @@ class Mirror:
         run_id = self.store.create(run_name(c.cfg, c.job), self._tags(), int(c.started_at * 1000))
         hashes = c.template_hashes or (c.system.hashes() if c.system is not None else {})
         self.store.log_params({**c.params, **{f"template_hash.{group}": h for group, h in hashes.items()}})
-        self.store.log_metrics([(k, float(v), 0) for k, v in setting_metrics(c.cfg).items()], _now_ms())
+        self.store.log_metrics([(k, float(v), 0) for k, v in setting_metrics(c.cfg).items()], now_ms())
         if c.dataset is not None:
             self._log_dataset(c.dataset)
         if c.system is not None:
@@ -123,7 +123,7 @@ class Mirror:
         if any(isinstance(e, MinibatchEnded) for e in events):
             totals = total_metrics(self.totals.counts(), self.context.cfg.optimizer.dry_run)
             rows += [(key, value, self.totals.ended) for key, value in totals.items()]
-        self.store.log_metrics(rows, _now_ms())
+        self.store.log_metrics(rows, now_ms())
         self.store.log_files(files)
 
     def end(self, summary: dict | None, status: str, end_ms: int | None = None) -> None:
@@ -134,12 +134,12 @@ class Mirror:
             for record in summary["minibatches"]:
                 step = self.positions.get(record["tag"], 0)
                 rows += [(k, v, step) for k, v in minibatch_metrics(record).items() if k == "minibatch/apply_share"]
-            self.store.log_metrics(rows + self._analysis_rows(), _now_ms())
+            self.store.log_metrics(rows + self._analysis_rows(), now_ms())
             self.store.log_files(self.context.run_dir.run_files())
             self._log_kept_items()
         if self.context.cfg.mlflow.trace_calls:
             _flush_traces()
-        self.store.end(status, end_ms or _now_ms())
+        self.store.end(status, end_ms or now_ms())
 
     def _analysis_rows(self) -> list[tuple[str, float, int]]:
         """The run's analysis.json as metrics: run figures, and each minibatch's agreement over its
@@ -211,10 +211,6 @@ class Mirror:
                 },
                 "kept_items.json",
             )
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _flush_traces() -> None:

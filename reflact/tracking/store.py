@@ -9,7 +9,6 @@ own thread while the first calls are in flight.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import getpass
 import hashlib
 import json
@@ -24,6 +23,7 @@ from urllib.parse import unquote, urlparse
 
 from reflact import __version__
 from reflact.config import ReflactConfig
+from reflact.files import lock_file
 from reflact.imports import one_at_a_time
 from reflact.modes import get_mode
 
@@ -356,11 +356,8 @@ def first_use(uri: str):
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        lock_file(handle, wait=True)
+        yield
 
 
 def sqlite_path(uri: str) -> Path | None:
@@ -406,6 +403,6 @@ def sweep_id(sweep_dir: Path, launch_dir: Path) -> str:
         return str(sweep_dir.resolve())
 
 
-def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= 300 else text[:299] + "…"
+def now_ms() -> int:
+    """Now, as MLflow's timestamps count: milliseconds since the epoch."""
+    return int(time.time() * 1000)

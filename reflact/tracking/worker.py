@@ -31,8 +31,9 @@ from typing import IO
 
 from reflact.imports import one_at_a_time
 from reflact.running.events import Replied
+from reflact.text import one_line
 from reflact.tracking.mirror import Mirror, RunContext
-from reflact.tracking.store import Store, mlflow_globals_at, one_line
+from reflact.tracking.store import Store, mlflow_globals_at
 
 log = logging.getLogger("reflact")
 BATCH_S = 0.5  # events written together: one metrics request per batch, not per minibatch
