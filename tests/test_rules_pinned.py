@@ -1,7 +1,7 @@
 """Rules that no fast test held before (issue 22): each test here fails when its rule is broken
 (each was checked once by breaking the rule by hand). The cost cap's reservation and its wait,
 a worst case that exactly fits, the run-dir lock, the MLflow status on Ctrl-C and on a crash, a
-worker's bug, the tpm allowance per attempt, the retry time budget, the draw in the fingerprint,
+sweep parent's status when a job was killed, a worker's bug, the tpm allowance per attempt, the retry time budget, the draw in the fingerprint,
 `failed_calls` per request, and the temporaries of a killed run."""
 
 from __future__ import annotations
@@ -244,3 +244,29 @@ def test_the_fingerprint_holds_the_draws_sample_index(tmp_path, server):
     assert len(patches) == len(outcomes) == 2 and patches[0]["fingerprint"] != patches[1]["fingerprint"]
     again = stage_for(tmp_path, server, data, ONE_EACH, *draws).run()  # each draw finds its own patch
     assert [o.status for o in again] == ["reused", "reused"] and server.count == 2
+
+
+@pytest.mark.parametrize("statuses,failed,parent", [
+    (["FINISHED", "KILLED", "FINISHED"], False, "KILLED"),
+    (["FAILED", "KILLED"], True, "KILLED"),  # a stopped job says more than a failed one
+    (["FINISHED", "FAILED"], False, "FAILED"),
+    (["FINISHED", "RUNNING"], False, "FAILED"),  # a job that never ended is no result
+    (["FINISHED", "FINISHED"], True, "FAILED"),  # a job without a run, or the sweep aborted
+    (["FINISHED", "FINISHED"], False, "FINISHED"),
+])
+def test_a_sweep_parent_is_killed_when_a_job_was_killed(monkeypatch, tmp_path, statuses, failed, parent):
+    import pandas as pd
+
+    from reflact.running.rundir import SweepDir
+    from reflact.sweeps import grid_report, sweep
+
+    class Store:
+        client = None
+
+        def log_metrics(self, rows, at_ms):
+            self.metrics = dict((key, value) for key, value, _ in rows)
+
+    monkeypatch.setattr(grid_report, "sweep_runs", lambda client, sweep_id: pd.DataFrame({"status": statuses}))
+    store = Store()
+    assert sweep.status_of_children(store, SweepDir(tmp_path), failed) == parent
+    assert store.metrics["jobs"] == len(statuses) and store.metrics["jobs_killed"] == statuses.count("KILLED")
