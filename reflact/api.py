@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import cast
 from reflact.config import ReflactConfig, literal
 from reflact.errors import UserError, user_error_message
 from reflact.imports import one_at_a_time
+from reflact.launch import LaunchDir
 from reflact.running.outcome import WITH_PATCH
 
 log = logging.getLogger("reflact")
@@ -75,7 +75,7 @@ def reflect(
     check_arguments(data=data, predictions=predictions, run_dir=run_dir, launch_dir=launch_dir)
     launch = usable_folder(Path(launch_dir or Path.cwd()).resolve(), "launch_dir")
     cfg = compose(overrides) if config is None else with_overrides(config, overrides)
-    folder = usable_folder(Path(run_dir).resolve(), "run_dir") if run_dir else new_run_dir(launch)
+    folder = usable_folder(Path(run_dir).resolve(), "run_dir") if run_dir else LaunchDir(launch).new_run_dir()
     given = results is not None or skill is not None or conversations is not None
     inputs = python_inputs(results, skill, conversations, predictions) if given else None
     return _reflect(cfg, data, inputs, folder, launch)
@@ -270,16 +270,6 @@ def as_user_error() -> Iterator[None]:
         if message is None:
             raise
         raise UserError(message) from None
-
-
-def new_run_dir(launch: Path) -> Path:
-    """`outputs/runs/<date>/<time>` as the command line names it, made unique within the second."""
-    base = launch / "outputs" / "runs" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
-    folder, n = base, 1
-    while folder.exists():
-        n += 1
-        folder = base.with_name(f"{base.name}-{n}")
-    return folder
 
 
 def _record_config(cfg: ReflactConfig, run_dir: Path) -> None:

@@ -14,6 +14,7 @@ from reflact.analysis.matching import Lexical
 from reflact.config import CacheMode, Matcher, ReflactConfig
 from reflact.errors import UserError
 from reflact.imports import one_at_a_time
+from reflact.launch import LaunchDir
 
 
 @dataclass
@@ -88,7 +89,7 @@ def _embedder(cfg: ReflactConfig, launch_dir: Path, spend, environ: Mapping[str,
     sdk = openai.OpenAI(base_url=base_url, api_key=key or "not-needed", timeout=o.timeout_s, max_retries=0)
     cache = None
     if o.cache is not CacheMode.off:
-        cache = ResponseCache(Path(o.cache_path) if o.cache_path else launch_dir / "outputs" / "cache.db", o.cache)
+        cache = ResponseCache(LaunchDir(launch_dir).cache(o.cache_path), o.cache)
     embedder = Embedder(
         sdk, e.model, {"base_url": str(sdk.base_url)}, cache, o.prices.get(e.model), spend, o.retry, e.batch, key
     )

@@ -42,6 +42,7 @@ from reflact.calls.protocol import CallError, Reply, Usage, estimate_tokens
 from reflact.calls.ratelimit import RateLimiter
 from reflact.config import CacheMode, OptimizerConfig, Provider, StructuredOutput
 from reflact.imports import resolve_lazy
+from reflact.launch import LaunchDir
 from reflact.text import one_line
 
 log = logging.getLogger("reflact")
@@ -363,8 +364,7 @@ def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: Mapping[str, st
     _ = sdk.chat.completions.with_raw_response
     cache = None
     if cfg.cache is not CacheMode.off:
-        path = Path(cfg.cache_path) if cfg.cache_path else launch_dir / "outputs" / "cache.db"
-        cache = ResponseCache(path, cfg.cache)
+        cache = ResponseCache(LaunchDir(launch_dir).cache(cfg.cache_path), cfg.cache)
     return OptimizerClient(cfg, sdk, cache, secret=key, endpoint=endpoint_of(cfg, sdk))
 
 

@@ -25,6 +25,7 @@ from reflact import __version__
 from reflact.config import ReflactConfig
 from reflact.files import lock_file
 from reflact.imports import one_at_a_time
+from reflact.launch import LaunchDir
 from reflact.modes import get_mode
 
 log = logging.getLogger("reflact")
@@ -47,7 +48,7 @@ ANALYSIS_METRICS = (
 
 
 def default_tracking_uri(launch_dir: Path) -> str:
-    return f"sqlite:///{(launch_dir / 'outputs' / 'mlflow.db').resolve()}"
+    return f"sqlite:///{LaunchDir(launch_dir).mlflow_store.resolve()}"
 
 
 def tracking_uri(cfg: ReflactConfig, launch_dir: Path) -> str:
@@ -372,7 +373,7 @@ def experiment_id(client, name: str, uri: str, launch_dir: Path) -> str:
     if found is not None:
         return found.experiment_id
     # a local sqlite store keeps its artifacts beside it under outputs/, not in ./mlruns
-    location = (launch_dir / "outputs" / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") else None
+    location = LaunchDir(launch_dir).mlflow_artifacts.resolve().as_uri() if uri.startswith("sqlite:") else None
     try:  # the UI then opens on its runs table (model development), not on its GenAI views
         return client.create_experiment(
             name, artifact_location=location, tags={"mlflow.experimentKind": "custom_model_development"}
