@@ -32,7 +32,7 @@ def main() -> None:
 
     from _common import compose_config
 
-    from reflact.calls.protocol import make_optimizer
+    from reflact.experiment import make_optimizer
     from reflact.inputs.dataset import load_dataset
     from reflact.running.stage import Stage
 
