@@ -64,8 +64,9 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
             launch.record_config()
         tracker = None
         if cfg.mlflow.enabled:
-            tracker = LiveRun(RunContext(cfg, params, stage.run_dir, launch.launch_dir, started_at, dataset,
-                                         stage.system, launch.overrides, launch.sweep_dir, launch.job))
+            tracker = LiveRun(RunContext(cfg=cfg, params=params, run_dir=stage.run_dir, launch_dir=launch.launch_dir,
+                                         started_at=started_at, dataset=dataset, system=stage.system,
+                                         overrides=launch.overrides, sweep_dir=launch.sweep_dir, job=launch.job))
             stage.observe(tracker)
         try:
             return _run(cfg, stage, optimizer, tracker, started_at, launch.launch_dir)

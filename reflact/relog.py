@@ -73,17 +73,17 @@ def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: di
     sweep_dir = _sweep_dir(rd.root) if multirun else None
     dataset, system = _inputs(cfg)
     return RunContext(
-        cfg,
-        params,
-        rd,
-        launch_dir,
-        float(summary.get("times", {}).get("started_at", time.time())),
-        dataset,
-        system,
-        tuple(hc.overrides.task) if hc is not None else (),
-        sweep_dir,
-        int(hc.job.num) if hc is not None and multirun else None,
-        summary["settings"].get("template_hashes"),
+        cfg=cfg,
+        params=params,
+        run_dir=rd,
+        launch_dir=launch_dir,
+        started_at=float(summary.get("times", {}).get("started_at", time.time())),
+        dataset=dataset,
+        system=system,
+        overrides=tuple(hc.overrides.task) if hc is not None else (),
+        sweep_dir=sweep_dir,
+        job=int(hc.job.num) if hc is not None and multirun else None,
+        template_hashes=summary["settings"].get("template_hashes"),
     )
 
 

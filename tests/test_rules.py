@@ -144,7 +144,8 @@ def logged_profile(tmp_path: Path, cfg) -> dict:
             self.profile = profile
 
     store = Store()
-    Mirror(store, RunContext(cfg, {}, RunDir(tmp_path / "run"), tmp_path, 0.0))._log_dataset(load_dataset(cfg.data))  # type: ignore[arg-type]
+    Mirror(store, RunContext(cfg=cfg, params={}, run_dir=RunDir(tmp_path / "run"),
+                             launch_dir=tmp_path, started_at=0.0))._log_dataset(load_dataset(cfg.data))  # type: ignore[arg-type]
     return store.profile
 
 

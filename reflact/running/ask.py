@@ -97,7 +97,7 @@ def reask_message(error: str) -> str:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Asker:
     """The settings every conversation of a run shares."""
 

@@ -91,10 +91,11 @@ class Stage:
         o, provenance = self.cfg.optimizer, self.cfg.reflect.provenance
         schemas = {group.name: reply_schema(self.mode, group, self.system.notes_allowed[group.name], provenance)
                    for group in GROUPS}
-        return Asker(optimizer, self.mode, self.cfg.reflect.edit_budget, self.cfg.reflect.max_reasks,
-                     output_allowance(o, self.mode), o.max_output_tokens_ceiling, o.prices.get(o.model),
-                     Spend(o.max_cost_usd), schemas, self.system.notes_allowed, self.publish, threading.Event(),
-                     provenance)
+        return Asker(optimizer=optimizer, mode=self.mode, budget=self.cfg.reflect.edit_budget,
+                     max_reasks=self.cfg.reflect.max_reasks, allowance=output_allowance(o, self.mode),
+                     ceiling=o.max_output_tokens_ceiling, price=o.prices.get(o.model), spend=Spend(o.max_cost_usd),
+                     schemas=schemas, notes_allowed=self.system.notes_allowed, publish=self.publish,
+                     stopping=threading.Event(), provenance=provenance)
 
     def observe(self, observer: Observer) -> None:
         self.publish.observers.append(observer)

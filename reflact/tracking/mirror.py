@@ -40,7 +40,7 @@ from reflact.tracking.store import (
 log = logging.getLogger("reflact")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunContext:
     """Everything about the run its MLflow run shows besides the stage's events."""
 
