@@ -94,7 +94,7 @@ def _run(
             len(dataset.skipped),
             ", ".join(sorted(dataset.skipped)[:10]) + (" ..." if len(dataset.skipped) > 10 else ""),
         )
-    # the analysis at the end imports numpy and rapidfuzz (~0.15 s): load them while the
+    # the analysis at the end imports numpy, scipy and rapidfuzz (~0.25 s): load them while the
     # process waits for later replies (a dry run keeps no items to analyse)
     if not cfg.optimizer.dry_run and cfg.analysis.max_items:
         stage.observe(WarmUp())

@@ -157,25 +157,20 @@ def match(keys: list[Key | None], matcher, labels: dict[str, tuple[list[int], li
 
 
 def _joined(component: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The components once the pairs (a, b) are linked too: each component is named by its
-    smallest label (union by the smaller root, then every label pointed at its root)."""
+    """The components once the pairs (a, b) are linked too."""
     with one_at_a_time():
         import numpy as np
+        from scipy.sparse import coo_matrix
+        from scipy.sparse.csgraph import connected_components
 
     ca, cb = component[a], component[b]
     apart = ca != cb
     if not apart.any():
         return component
-    ca, cb = ca[apart], cb[apart]
-    root = np.arange(len(component))
-    while True:
-        ra, rb = root[ca], root[cb]
-        hooked = ra != rb
-        if not hooked.any():
-            return root[component]
-        np.minimum.at(root, np.maximum(ra, rb)[hooked], np.minimum(ra, rb)[hooked])
-        while not np.array_equal(jumped := root[root], root):
-            root = jumped
+    n = len(component)
+    links = coo_matrix((np.ones(int(apart.sum()), dtype=np.int8), (ca[apart], cb[apart])), shape=(n, n))
+    _, merged = connected_components(links, directed=False)
+    return merged[component]
 
 
 def blocks_of(keys: list[Key | None]) -> list[list[int]]:
@@ -245,5 +240,5 @@ def warm_imports() -> None:
     import importlib
 
     with one_at_a_time():  # the run's end may import the same libraries meanwhile
-        for name in ("numpy", "rapidfuzz.process"):
+        for name in ("numpy", "rapidfuzz.process", "scipy.sparse.csgraph"):
             importlib.import_module(name)
