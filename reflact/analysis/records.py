@@ -6,6 +6,8 @@ version) is a one-line UserError naming the run dir and the field, never a trace
 from __future__ import annotations
 
 import math
+import typing
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
@@ -15,14 +17,14 @@ from reflact.imports import one_at_a_time
 from reflact.running.outcome import Outcome
 from reflact.running.rundir import SUMMARY, RunDir
 
-# what a minibatch's record (an Outcome) holds in each field, read off the dataclass
-_KIND = {f.name: f.type.split("[", 1)[0] for f in fields(Outcome)}  # str, int, float, list, Usage
+# what a minibatch's record (an Outcome) holds in each field, read off the dataclass's types
+_KIND = {name: typing.get_origin(kind) or kind for name, kind in typing.get_type_hints(Outcome).items()}
 _USAGE = tuple(f.name for f in fields(Usage))
-_CHECKS = {  # kind -> (does a value fit, what it should be)
-    "str": (lambda v: isinstance(v, str), "a text"),
-    "int": (lambda v: _integer(v), "an integer"),
-    "float": (lambda v: v is None or _number(v), "a number"),  # null: unknown (a cost without a price)
-    "list": (lambda v: isinstance(v, list), "a list"),
+_CHECKS: dict[object, tuple[Callable[[object], bool], str]] = {  # kind -> (does a value fit, what it should be)
+    str: (lambda v: isinstance(v, str), "a text"),
+    int: (lambda v: _integer(v), "an integer"),
+    float: (lambda v: v is None or _number(v), "a number"),  # null: unknown (a cost without a price)
+    list: (lambda v: isinstance(v, list), "a list"),
 }
 
 
@@ -58,9 +60,9 @@ def _check_minibatch(record: object, where: str) -> None:
         if key not in record:
             raise UserError(f"{where}: damaged (no '{key}')")
     for key, value in record.items():
-        fits, kind = _CHECKS.get(_KIND.get(key, ""), (None, ""))
-        if fits is not None and not fits(value):
-            raise UserError(f"{where}.{key} is damaged (got {_shown(value)}, not {kind})")
+        check = _CHECKS.get(_KIND.get(key))
+        if check is not None and not check[0](value):
+            raise UserError(f"{where}.{key} is damaged (got {_shown(value)}, not {check[1]})")
     usage = record.get("usage", {})
     if not isinstance(usage, dict) or not all(k in _USAGE and _integer(v) for k, v in usage.items()):
         raise UserError(f"{where}.usage is damaged (token counts {', '.join(_USAGE)} expected)")

@@ -185,13 +185,13 @@ class Mirror:
         c = self.context
         overrides = overrides_of(c.cfg.prompts)
         try:
-            for group in (g.name for g in GROUPS):
-                text = system.text(group)
+            for group in GROUPS:
+                text = system.text(group.name)
                 name = prompt_name(
-                    group,
+                    group.name,
                     c.cfg.reflect.update_mode,
-                    system.notes_allowed[group],
-                    bool(overrides[group]),
+                    system.notes_allowed[group.name],
+                    bool(overrides[group.name]),
                     c.cfg.reflect.provenance,
                 )
                 self.store.link_prompt(name, text, content_hash(text))
