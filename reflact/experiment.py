@@ -51,7 +51,6 @@ class RunResult:
     analysis: dict | None = None  # agreement, redundancy, distinct items (reflact.analysis.figures)
 
 
-# fmt: off
 def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch: Launch) -> RunResult:
     """Everything that can be wrong with the inputs is found before the first call, and before
     `record_config` writes the run's config beside its outputs (a bad rerun changes nothing)."""
@@ -62,24 +61,40 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
     with locked(stage.run_dir):
         if launch.record_config is not None:
             launch.record_config()
-        tracker = None
-        if cfg.mlflow.enabled:
-            tracker = LiveRun(RunContext(cfg=cfg, params=params, run_dir=stage.run_dir, launch_dir=launch.launch_dir,
-                                         started_at=started_at, dataset=dataset, system=stage.system,
-                                         overrides=launch.overrides, sweep_dir=launch.sweep_dir, job=launch.job))
-            stage.observe(tracker)
+        tracker = _tracker(cfg, params, stage, launch, started_at) if cfg.mlflow.enabled else None
         try:
             return _run(cfg, stage, optimizer, tracker, started_at, launch.launch_dir)
         except KeyboardInterrupt as exc:
             if tracker is not None:
                 tracker.finish(None, "KILLED")
-            raise Stopped(f"{exc if isinstance(exc, Stopped) else 'interrupted'}: no new call was started; continue "
-                          f"with the same hydra.run.dir={run_dir}", getattr(exc, "exit_code", 130)) from None
+            raise Stopped(
+                f"{exc if isinstance(exc, Stopped) else 'interrupted'}: no new call was started; continue "
+                f"with the same hydra.run.dir={run_dir}",
+                getattr(exc, "exit_code", 130),
+            ) from None
         except BaseException:  # a full disk, a bug: the MLflow run must not stay RUNNING
             if tracker is not None and not tracker.finished:
                 tracker.finish(None, "FAILED")
             raise
-# fmt: on
+
+
+def _tracker(cfg: ReflactConfig, params: dict[str, str], stage: Stage, launch: Launch, started_at: float) -> LiveRun:
+    """The run's live MLflow view, watching the stage's events."""
+    context = RunContext(
+        cfg=cfg,
+        params=params,
+        run_dir=stage.run_dir,
+        launch_dir=launch.launch_dir,
+        started_at=started_at,
+        dataset=stage.dataset,
+        system=stage.system,
+        overrides=launch.overrides,
+        sweep_dir=launch.sweep_dir,
+        job=launch.job,
+    )
+    tracker = LiveRun(context)
+    stage.observe(tracker)
+    return tracker
 
 
 def _run(
@@ -157,31 +172,35 @@ def warn_unpriced(cfg: ReflactConfig) -> None:
     )
 
 
-# fmt: off
 def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: RunDir) -> None:
     """The run's last lines: what it did, and what needs a rerun."""
     c = summary["counts"]
-    if cfg.optimizer.dry_run:
-        log.info(
-            "dry run: %d prompts built, ~%d prompt and ~%d reply tokens, estimated %s for %s; prompts in %s",
-            c["minibatches_dry_run"], c["tokens_prompt"], c["tokens_completion"], usd(c["cost_usd"]),
-            cfg.optimizer.model, run_dir.calls,
-        )
-    else:
-        log.info(
-            "done: %d minibatches (%d new, %d reused, %d failed, %d skipped), %d calls, %d from cache, "
-            "%d/%d %s kept, %d tokens, %s; outputs in %s",
-            c["minibatches"], c["minibatches_done"], c["minibatches_reused"], c["minibatches_failed"],
-            c["minibatches_skipped"], c["calls"], c["cache_hits"], c["edits_kept"], c["edits_proposed"],
-            label, c["tokens_prompt"] + c["tokens_completion"], _spent(c), run_dir.root,
-        )
+    log.info("%s", _last_line(cfg, c, label, run_dir))
     if c["minibatches_not_run"]:
-        log.warning("the cost limit optimizer.max_cost_usd=%s was reached: %d minibatch(es) not run",
-                    cfg.optimizer.max_cost_usd, c["minibatches_not_run"])
+        log.warning(
+            "the cost limit optimizer.max_cost_usd=%s was reached: %d minibatch(es) not run",
+            cfg.optimizer.max_cost_usd,
+            c["minibatches_not_run"],
+        )
     if c["minibatches_failed"]:
-        log.warning("%d minibatch(es) failed; rerun with the same hydra.run.dir to redo only those",
-                    c["minibatches_failed"])
-# fmt: on
+        log.warning(
+            "%d minibatch(es) failed; rerun with the same hydra.run.dir to redo only those", c["minibatches_failed"]
+        )
+
+
+def _last_line(cfg: ReflactConfig, c: dict, label: str, run_dir: RunDir) -> str:
+    if cfg.optimizer.dry_run:
+        return (
+            f"dry run: {c['minibatches_dry_run']} prompts built, ~{c['tokens_prompt']} prompt and "
+            f"~{c['tokens_completion']} reply tokens, estimated {usd(c['cost_usd'])} for {cfg.optimizer.model}; "
+            f"prompts in {run_dir.calls}"
+        )
+    return (
+        f"done: {c['minibatches']} minibatches ({c['minibatches_done']} new, {c['minibatches_reused']} reused, "
+        f"{c['minibatches_failed']} failed, {c['minibatches_skipped']} skipped), {c['calls']} calls, "
+        f"{c['cache_hits']} from cache, {c['edits_kept']}/{c['edits_proposed']} {label} kept, "
+        f"{c['tokens_prompt'] + c['tokens_completion']} tokens, {_spent(c)}; outputs in {run_dir.root}"
+    )
 
 
 def _spent(c: dict) -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from reflact.calls.protocol import Usage
 from reflact.running.outcome import Outcome
+from reflact.running.reuse import reused
 from reflact.running.rundir import RunDir
 from tests.conftest import write_dataset
 from tests.test_stage import run_stage
@@ -53,7 +54,7 @@ def mangled(changes: dict, drop: tuple = ()) -> dict:
 
 def test_a_well_formed_patch_and_record_are_reused_with_their_figures(tmp_path):
     run_dir, outcome = saved_run_dir(tmp_path), fresh()
-    assert run_dir.resume(outcome, FP, "edits") == PATCH
+    assert reused(run_dir, outcome, FP, "edits") == PATCH
     assert (outcome.status, outcome.proposed, outcome.kept) == ("reused", 3, 1)
     assert (outcome.usage, outcome.cost_usd, outcome.reasks, outcome.latency_s) == (Usage(4, 4, 4, 4), 0.25, 1, 2.5)
 
@@ -87,7 +88,7 @@ DAMAGED_PATCHES = {
 def test_a_damaged_patch_is_redone_not_a_crash(tmp_path, damaged):
     run_dir, outcome = saved_run_dir(tmp_path), fresh()
     run_dir.patch_path(TAG).write_text(json.dumps(damaged))
-    assert run_dir.resume(outcome, FP, "edits") is None
+    assert reused(run_dir, outcome, FP, "edits") is None
     assert outcome.status == "done" and (outcome.proposed, outcome.kept) == (0, 0)
 
 
@@ -99,14 +100,14 @@ def test_a_damaged_patch_is_redone_not_a_crash(tmp_path, damaged):
 def test_a_patch_file_that_is_no_patch_object_is_redone(tmp_path, text):
     run_dir = saved_run_dir(tmp_path)
     run_dir.patch_path(TAG).write_bytes(text.encode("utf-8") if text != "\xff" else b"\xff{}")
-    assert run_dir.patch(TAG) is None and run_dir.resume(fresh(), FP, "edits") is None
+    assert run_dir.patch(TAG) is None and reused(run_dir, fresh(), FP, "edits") is None
 
 
 def test_a_patch_checked_against_another_modes_schema_is_redone(tmp_path):
     run_dir = saved_run_dir(tmp_path)
     wrong = mangled({"patch.revise_suggestions": [{"op": "append", "content": "x"}]})
     run_dir.patch_path(TAG).write_text(json.dumps(wrong))
-    assert run_dir.resume(fresh(), FP, "revise_suggestions") is None
+    assert reused(run_dir, fresh(), FP, "revise_suggestions") is None
 
 
 DAMAGED_RECORDS = {
@@ -132,7 +133,7 @@ def test_a_damaged_record_is_read_as_missing_and_the_patch_still_reused(tmp_path
     record = run_dir.call_dir(TAG) / "outcome.json"
     record.write_text(json.dumps({**json.loads(record.read_text()), **damage}))
     assert run_dir.outcome_record(TAG) is None
-    assert run_dir.resume(outcome, FP, "edits") == PATCH and outcome.status == "reused"
+    assert reused(run_dir, outcome, FP, "edits") == PATCH and outcome.status == "reused"
     assert (outcome.usage, outcome.cost_usd, outcome.reasks, outcome.latency_s) == (Usage(), 0.0, 0, 0.0)
 
 
@@ -141,14 +142,14 @@ def test_a_record_that_is_no_object_is_read_as_missing(tmp_path, text):
     run_dir = saved_run_dir(tmp_path)
     (run_dir.call_dir(TAG) / "outcome.json").write_text(text)
     outcome = fresh()
-    assert run_dir.resume(outcome, FP, "edits") == PATCH and outcome.cost_usd == 0.0
+    assert reused(run_dir, outcome, FP, "edits") == PATCH and outcome.cost_usd == 0.0
 
 
 def test_a_record_with_fields_missing_counts_them_as_zero(tmp_path):
     run_dir = saved_run_dir(tmp_path)
     (run_dir.call_dir(TAG) / "outcome.json").write_text(json.dumps({"usage": {"prompt": 7}, "cost_usd": 1}))
     outcome = fresh()
-    run_dir.resume(outcome, FP, "edits")
+    reused(run_dir, outcome, FP, "edits")
     assert (outcome.usage, outcome.cost_usd, outcome.reasks) == (Usage(prompt=7), 1.0, 0)
 
 

@@ -40,9 +40,14 @@ class Chosen:
             close()
 
 
-# fmt: off
-def matcher_for(cfg: ReflactConfig, launch_dir: Path, spent_usd: float = 0.0, raw_dir: Path | None = None,
-                threshold: float | None = None, environ: Mapping[str, str] | None = None) -> Chosen:
+def matcher_for(
+    cfg: ReflactConfig,
+    launch_dir: Path,
+    spent_usd: float = 0.0,
+    raw_dir: Path | None = None,
+    threshold: float | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Chosen:
     """The configured matcher; `spent_usd`: what the invocation already spent against the cap;
     `threshold` (the --threshold of reflact.analyze) replaces the matcher's own."""
     a = cfg.analysis
@@ -58,17 +63,24 @@ def matcher_for(cfg: ReflactConfig, launch_dir: Path, spent_usd: float = 0.0, ra
     if a.matcher is Matcher.embedding:
         chosen.matcher = EmbeddingMatcher(embedder, a.embedding.threshold if threshold is None else threshold, guards)
         return chosen
+    candidates = EmbeddingMatcher(embedder, a.judge.candidate_threshold if threshold is None else threshold, guards)
+    _add_judge(chosen, candidates, cfg, launch_dir, spend, raw_dir, environ)
+    return chosen
+
+
+def _add_judge(chosen: Chosen, candidates, cfg: ReflactConfig, launch_dir: Path, spend, raw_dir, environ) -> None:
+    """The judge matcher: the optimizer model decides on the embedding matcher's candidate pairs."""
     from reflact.analysis.judge import JudgeMatcher
     from reflact.calls.client import make_client
 
     client = make_client(cfg.optimizer, launch_dir, environ)
     chosen.closers.append(client.close)
-    candidates = EmbeddingMatcher(embedder, a.judge.candidate_threshold if threshold is None else threshold, guards)
     chosen.spent["judge"] = Spent()
-    chosen.matcher = JudgeMatcher(candidates, client, cfg.optimizer.prices.get(cfg.optimizer.model), spend,
-                                  a.judge.batch, a.judge.max_output_tokens, raw_dir, chosen.spent["judge"])
-    return chosen
-# fmt: on
+    j = cfg.analysis.judge
+    price = cfg.optimizer.prices.get(cfg.optimizer.model)
+    chosen.matcher = JudgeMatcher(
+        candidates, client, price, spend, j.batch, j.max_output_tokens, raw_dir, chosen.spent["judge"]
+    )
 
 
 def _embedder(cfg: ReflactConfig, launch_dir: Path, spend, environ: Mapping[str, str] | None) -> tuple[Embedder, list]:

@@ -185,12 +185,17 @@ class EndpointWatch:
         return CallError(ABANDONED, retries=retries)
 
 
-# fmt: off
 class OptimizerClient:
     """Calls, with retries, the response cache and the rate limits of `optimizer.*`."""
 
-    def __init__(self, cfg: OptimizerConfig, sdk: Any, cache: ResponseCache | None = None, secret: str = "",
-                 endpoint: dict | None = None) -> None:
+    def __init__(
+        self,
+        cfg: OptimizerConfig,
+        sdk: Any,
+        cache: ResponseCache | None = None,
+        secret: str = "",
+        endpoint: dict | None = None,
+    ) -> None:
         self.cfg = cfg
         self._transport = Transport(sdk, cfg.timeout_s)
         self._secret = secret
@@ -201,28 +206,38 @@ class OptimizerClient:
         self._warned: set[str] = set()  # the usage fields already warned about
         self._watch = EndpointWatch()
 
-    def complete(self, messages: list[dict], max_output_tokens: int, schema: dict | None = None,
-                 sample: int | None = None, label: str = "") -> Reply:
+    def complete(
+        self,
+        messages: list[dict],
+        max_output_tokens: int,
+        schema: dict | None = None,
+        sample: int | None = None,
+        label: str = "",
+    ) -> Reply:
         """`sample`: the draw's sample index (default optimizer.sample), in the cache key and, with
         optimizer.samples > 1, sent as the request's seed; `label` names the request in retry lines."""
         if self._stopped():
             raise self._watch.ended()
         sample = self.cfg.sample if sample is None else sample
-        logical = self._request(messages, max_output_tokens, sample)
+        logical = request_body(self.cfg, messages, max_output_tokens, sample)
         key = ""  # hashing the whole request only pays when there is a cache to ask
         if self.cache:
-            key = cache_key({**logical, "endpoint": self._endpoint, "schema": schema, "sample": sample,
-                             "structured_output": self.cfg.structured_output.value})
+            key = cache_key(
+                {
+                    **logical,
+                    "endpoint": self._endpoint,
+                    "schema": schema,
+                    "sample": sample,
+                    "structured_output": self.cfg.structured_output.value,
+                }
+            )
             hit = reply_entry(self.cache.get(key))
             if hit is not None:
-                return Reply(hit["text"], hit["finish_reason"], Usage(**hit.get("usage", {})), 0.0,
-                             from_cache=True, structured=hit.get("structured", "off"), started_at=time.time(),
-                             cache_key=key)
+                return cached_reply(hit, key)
         reply = self._call_with_retries(logical, schema, estimate_tokens(messages) + max_output_tokens, label)
         reply.cache_key = key
         if self.cache:
-            self.cache.put(key, {"text": reply.text, "finish_reason": reply.finish_reason,
-                                 "structured": reply.structured, "usage": asdict(reply.usage)})
+            self.cache.put(key, cache_entry(reply))
         return reply
 
     def close(self) -> None:
@@ -235,29 +250,6 @@ class OptimizerClient:
     def forget(self, replies: list[Reply]) -> None:
         if self.cache:
             self.cache.forget([r.cache_key for r in replies if r.cache_key])
-
-    def _request(self, messages: list[dict], max_output_tokens: int, sample: int) -> dict:
-        request = {"model": self.cfg.model, "messages": messages, self.cfg.token_limit_param: max_output_tokens}
-        # optional parameters only when set: some compatible servers reject unknown ones
-        if self.cfg.temperature is not None:
-            request["temperature"] = self.cfg.temperature
-        if self.cfg.reasoning_effort:
-            request["reasoning_effort"] = self.cfg.reasoning_effort
-        if self.cfg.samples > 1:  # repeated draws: each its own seed, so a seeded server varies them
-            request["seed"] = sample
-        return request
-
-    def _response_format(self, schema: dict | None) -> tuple[str, dict | None]:
-        setting = self.cfg.structured_output
-        if setting is StructuredOutput.json_object:
-            return "json_object", {"type": "json_object"}
-        wants_schema = setting is StructuredOutput.json_schema or (
-            setting is StructuredOutput.auto and not self._schema_rejected.is_set()
-        )
-        if wants_schema and schema is not None:
-            return "json_schema", {"type": "json_schema",
-                                   "json_schema": {"name": "reflect_reply", "schema": schema, "strict": False}}
-        return "off", None
 
     def _call_with_retries(self, logical: dict, schema: dict | None, tokens: int, label: str = "") -> Reply:
         closing = self._transport.closing
@@ -278,14 +270,22 @@ class OptimizerClient:
             if self._stopped():
                 raise self._watch.ended(retries=max(sent[0] - 1, 0)) from None
             raise CallError(describe_error(exc, self._secret), retries=max(sent[0] - 1, 0)) from None
-        return Reply(text=completion.text, finish_reason=completion.finish_reason, usage=completion.usage,
-                     latency_s=time.monotonic() - started, retries=sent[0] - 1, structured=structured,
-                     started_at=wall)
+        return Reply(
+            text=completion.text,
+            finish_reason=completion.finish_reason,
+            usage=completion.usage,
+            latency_s=time.monotonic() - started,
+            retries=sent[0] - 1,
+            structured=structured,
+            started_at=wall,
+        )
 
     def _send(self, logical: dict, schema: dict | None, tokens: int, sent: list[int]) -> tuple:
         """One attempt: (completion, monotonic and wall start, response format sent). With
         structured_output=auto, a 400 to the JSON schema is asked again without it, here."""
-        structured, response_format = self._response_format(schema)
+        structured, response_format = response_format_for(
+            self.cfg.structured_output, schema, self._schema_rejected.is_set()
+        )
         # as extra_body: the SDK's typed transform of a nested schema costs ~1.5 ms a call
         request = {**logical, "extra_body": {"response_format": response_format}} if response_format else logical
         try:
@@ -322,7 +322,7 @@ class OptimizerClient:
 
     @property
     def fault(self) -> str:
-        """"" while the endpoint may be usable; else why not, and what to check (one line)."""
+        """ "" while the endpoint may be usable; else why not, and what to check (one line)."""
         return self._watch.message
 
     def _stopped(self) -> bool:
@@ -333,7 +333,58 @@ class OptimizerClient:
         if field not in self._warned:  # once per field: a server that always sends it would flood the log
             self._warned.add(field)
             log.warning("the optimizer's reply: %s %s (token and cost totals may be off)", field, what)
-# fmt: on
+
+
+def request_body(cfg: OptimizerConfig, messages: list[dict], max_output_tokens: int, sample: int) -> dict:
+    """The request as the cache keys it, before any response format."""
+    request = {"model": cfg.model, "messages": messages, cfg.token_limit_param: max_output_tokens}
+    # optional parameters only when set: some compatible servers reject unknown ones
+    if cfg.temperature is not None:
+        request["temperature"] = cfg.temperature
+    if cfg.reasoning_effort:
+        request["reasoning_effort"] = cfg.reasoning_effort
+    if cfg.samples > 1:  # repeated draws: each its own seed, so a seeded server varies them
+        request["seed"] = sample
+    return request
+
+
+def response_format_for(
+    setting: StructuredOutput, schema: dict | None, schema_rejected: bool
+) -> tuple[str, dict | None]:
+    """(what is sent, as recorded: json_schema, json_object or off; the response_format itself)."""
+    if setting is StructuredOutput.json_object:
+        return "json_object", {"type": "json_object"}
+    wants_schema = setting is StructuredOutput.json_schema or (setting is StructuredOutput.auto and not schema_rejected)
+    if wants_schema and schema is not None:
+        return "json_schema", {
+            "type": "json_schema",
+            "json_schema": {"name": "reflect_reply", "schema": schema, "strict": False},
+        }
+    return "off", None
+
+
+def cached_reply(hit: dict, key: str) -> Reply:
+    """A reply from the cache: free, and started now."""
+    return Reply(
+        hit["text"],
+        hit["finish_reason"],
+        Usage(**hit.get("usage", {})),
+        0.0,
+        from_cache=True,
+        structured=hit.get("structured", "off"),
+        started_at=time.time(),
+        cache_key=key,
+    )
+
+
+def cache_entry(reply: Reply) -> dict:
+    """What the cache keeps of a reply (cached_reply reads it back)."""
+    return {
+        "text": reply.text,
+        "finish_reason": reply.finish_reason,
+        "structured": reply.structured,
+        "usage": asdict(reply.usage),
+    }
 
 
 def endpoint_of(cfg: OptimizerConfig, sdk: Any) -> dict:

@@ -47,7 +47,6 @@ from reflact.replies.patches import LAPSES_ONLY
 REPLACED = "_reflact_replaced"
 
 
-# fmt: off
 def run_minibatch_reflect(
     results: list[dict],
     skill_content: str,
@@ -73,8 +72,6 @@ def run_minibatch_reflect(
 ) -> list[dict]:
     """The saved patches, failures by index then successes (a minibatch that failed has none); reflact's
     record beside them, launched from there (its default outputs/ are in it, not in the trainer's cwd)."""
-    from reflact.api import reflect
-
     out = _patches_dir(patches_dir)
     run_dir, cfg = out.with_name(out.name + ".reflact"), _config(config, overrides)
     r = cfg.reflect
@@ -84,11 +81,18 @@ def run_minibatch_reflect(
     r.step_buffer = step_buffer(step_buffer_context, rejection_context, trajectory_memory_context)
     _skill_aware(cfg, skill_aware_reflection, skill_aware_appendix_source, read_skillopt=config is None)
     cfg.prompts.error, cfg.prompts.success = error_system, success_system
-    done = reflect(results=results, skill=skill_content, predictions=prediction_dir, config=cfg, run_dir=run_dir,
-                   launch_dir=run_dir)
+    done = _reflect(results, skill_content, prediction_dir, cfg, run_dir)
     _count_calls(done)
     return _leave(done.patches, out)
-# fmt: on
+
+
+def _reflect(results: list[dict], skill: str, predictions: str, cfg: ReflactConfig, run_dir: Path):
+    """reflact.reflect, launched from the run dir beside the patches."""
+    from reflact.api import reflect
+
+    return reflect(
+        results=results, skill=skill, predictions=predictions, config=cfg, run_dir=run_dir, launch_dir=run_dir
+    )
 
 
 def _patches_dir(patches_dir: object) -> Path:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from reflact.calls.protocol import estimate_tokens, output_allowance
-from reflact.config import ContextOverflow, ReflactConfig
-from reflact.inputs.dataset import Dataset, Result, load_trajectory
+from reflact.calls.protocol import estimate_tokens
+from reflact.config import ContextOverflow
+from reflact.inputs.dataset import Dataset, Result, Trajectory, load_trajectory
 from reflact.inputs.render import render_block
 from reflact.modes import Mode
 from reflact.prompting.prompts import SystemPrompts, user_message
@@ -36,23 +36,26 @@ class Prompt:
         return [m for part in self.parts for m in part]
 
 
+@dataclass(frozen=True, kw_only=True)
 class PromptBuilder:
     """Builds the prompt of any minibatch of one run (templates and contexts resolved once)."""
 
-    def __init__(
-        self, cfg: ReflactConfig, dataset: Dataset, mode: Mode, system: SystemPrompts, step_buffer: str, meta_skill: str
-    ) -> None:
-        self.dataset = dataset
-        self.mode = mode
-        self.system = system
-        self.budget = cfg.reflect.edit_budget
-        self.contexts = (step_buffer, meta_skill)
-        self.window = cfg.optimizer.context_window
-        self.overflow = cfg.optimizer.context_overflow
-        self.allowance = output_allowance(cfg.optimizer, mode)
+    dataset: Dataset
+    mode: Mode
+    system: SystemPrompts
+    budget: int  # reflect.edit_budget
+    window: int | None  # optimizer.context_window
+    overflow: ContextOverflow  # optimizer.context_overflow
+    allowance: int  # the first request's output-token allowance
+    step_buffer: str = ""
+    meta_skill: str = ""
 
     def build(self, tag: str, group: str, shown: list[Result]) -> Prompt:
-        messages = self.messages(group, shown)
+        """The prompt of the trajectories `shown` (each read from disk once, however it is fitted)."""
+        return self._fitted(tag, group, shown, [load_trajectory(self.dataset, r) for r in shown])
+
+    def _fitted(self, tag: str, group: str, shown: list[Result], loaded: list[Trajectory]) -> Prompt:
+        messages = self.messages(group, shown, loaded)
         if self.fits(messages):
             return Prompt([messages], ids=[[r.id for r in shown]])
         if self.overflow is ContextOverflow.split and len(shown) > 1 and not self.mode.full_rewrite:
@@ -66,14 +69,15 @@ class PromptBuilder:
                 half,
                 len(shown) - half,
             )
-            first, second = self.build(tag, group, shown[:half]), self.build(tag, group, shown[half:])
+            first = self._fitted(tag, group, shown[:half], loaded[:half])
+            second = self._fitted(tag, group, shown[half:], loaded[half:])
             return Prompt(first.parts + second.parts, second.shortened or first.shortened, first.ids + second.ids)
-        return self.shortened(tag, group, shown)
+        return self.shortened(tag, group, shown, loaded)
 
-    def shortened(self, tag: str, group: str, shown: list[Result]) -> Prompt:
+    def shortened(self, tag: str, group: str, shown: list[Result], loaded: list[Trajectory]) -> Prompt:
         """One call with the items cut to the longest length (of SHORTEN_STEPS) that fits."""
         for limit in SHORTEN_STEPS:
-            messages = self.messages(group, shown, max_item_chars=limit)
+            messages = self.messages(group, shown, loaded, max_item_chars=limit)
             if self.fits(messages):
                 log.info(
                     "%s: items shortened to %d characters to fit optimizer.context_window=%d (~%d prompt tokens)",
@@ -96,14 +100,15 @@ class PromptBuilder:
     def fits(self, messages: list[dict]) -> bool:
         return self.window is None or estimate_tokens(messages) + self.allowance <= WINDOW_RESERVE * self.window
 
-    def messages(self, group: str, shown: list[Result], max_item_chars: int | None = None) -> list[dict]:
-        blocks = []
-        for position, result in enumerate(shown, 1):
-            t = load_trajectory(self.dataset, result)
-            blocks.append(
-                render_block(position, len(shown), result.id, t.fields, t.extras, t.conversation, max_item_chars)
-            )
+    def messages(
+        self, group: str, shown: list[Result], loaded: list[Trajectory], max_item_chars: int | None = None
+    ) -> list[dict]:
+        blocks = [
+            render_block(position, len(shown), result.id, t.fields, t.extras, t.conversation, max_item_chars)
+            for position, (result, t) in enumerate(zip(shown, loaded, strict=True), 1)
+        ]
         system = self.system.text(group)
-        step_buffer, meta_skill = self.contexts
-        user = user_message(self.dataset.skill, self.mode, self.budget, group, blocks, step_buffer, meta_skill)
+        user = user_message(
+            self.dataset.skill, self.mode, self.budget, group, blocks, self.step_buffer, self.meta_skill
+        )
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]

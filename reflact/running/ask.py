@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from reflact.calls.protocol import CallError, Optimizer, Reply
 from reflact.config import Price
@@ -90,6 +90,14 @@ def capped_cost(cost: float, worst: float) -> float:
     return worst
 
 
+def cut_off(allowance: int, ceiling: int) -> tuple[str, int]:
+    """Why a cut-off reply was not usable, and the next request's output allowance."""
+    if allowance >= ceiling:
+        return f"cut off at the output-token ceiling ({allowance})", allowance
+    allowance = min(2 * allowance, ceiling)
+    return f"cut off by the output-token limit; asking again with {allowance}", allowance
+
+
 def reask_message(error: str) -> str:
     return (
         f"Your reply could not be used: {error}.\n"
@@ -115,9 +123,16 @@ class Asker:
     stopping: threading.Event  # set on Ctrl-C or SIGTERM: no new request starts
     provenance: bool = False  # items must name the trajectories they stand on (reflact.replies.provenance)
 
-    # fmt: off
-    def ask(self, tag: str, group: str, messages: list[dict], numbered_after: int,
-            keep: Callable[[int, Reply], None], ids: Sequence[str] = (), sample: int | None = None) -> Asked:
+    def ask(
+        self,
+        tag: str,
+        group: str,
+        messages: list[dict],
+        numbered_after: int,
+        keep: Callable[[int, Reply], None],
+        ids: Sequence[str] = (),
+        sample: int | None = None,
+    ) -> Asked:
         """Requests until a reply is usable; `keep(number, reply)` records each reply as it comes.
         Requests are numbered on from `numbered_after` (the earlier parts' requests). `ids`: the
         trajectories shown, in order (for provenance); `sample`: the draw's sample index, or None."""
@@ -128,25 +143,19 @@ class Asker:
             for attempt in range(self.max_reasks + 1):
                 number = numbered_after + len(tally.call_log) + 1
                 reply = self._request(tag, (number, keep), group, conversation, allowance, tally, sample)
-                if isinstance(reply, Asked):
-                    self.optimizer.forget(replies)  # the conversation ended unusable: ask afresh next time
-                    reply.parse = parse
-                    return reply
+                if isinstance(reply, Asked):  # the conversation ended unusable: ask afresh next time
+                    self.optimizer.forget(replies)
+                    return replace(reply, parse=parse)
                 if reply.estimated:
                     return Asked("dry_run", tally)
                 replies.append(reply)
                 tally.reasks += 1 if attempt else 0
                 if reply.finish_reason == "length":
-                    parse, allowance = self._cut_off(allowance)
+                    parse, allowance = cut_off(allowance, self.ceiling)
                     continue
-                try:
-                    checked = self._checked(reply.text, group, list(ids))
-                except (ParseError, ReplyError) as exc:
-                    parse = str(exc)
-                    conversation += [{"role": "assistant", "content": reply.text},
-                                     {"role": "user", "content": reask_message(parse)}]
-                    continue
-                return Asked("ok", tally, checked, "ok")
+                checked, parse = self._usable(reply, group, list(ids), conversation)
+                if checked is not None:
+                    return Asked("ok", tally, checked, "ok")
             self.optimizer.forget(replies)
             return Asked("failed", tally, parse=parse, error=f"no usable reply: {parse}")
         except Exception:  # a bug on these replies: a rerun must not replay them from the cache into it
@@ -154,19 +163,24 @@ class Asker:
             raise
         finally:
             tally.latency_s = round(time.monotonic() - started, 3)
-    # fmt: on
+
+    def _usable(
+        self, reply: Reply, group: str, ids: list[str], conversation: list[dict]
+    ) -> tuple[CheckedReply | None, str]:
+        """The reply's checked patch; or None and why not, the re-ask added to the conversation."""
+        try:
+            return self._checked(reply.text, group, ids), "ok"
+        except (ParseError, ReplyError) as exc:
+            conversation += [
+                {"role": "assistant", "content": reply.text},
+                {"role": "user", "content": reask_message(str(exc))},
+            ]
+            return None, str(exc)
 
     def _checked(self, text: str, group: str, ids: list[str]) -> CheckedReply:
         """The reply's patch, checked; with provenance, each item's trajectory numbers mapped to ids."""
         checked = check_reply(extract_object(text), self.mode, group, self.budget, self.notes_allowed[group])
         return with_support_ids(checked, self.mode, ids) if self.provenance else checked
-
-    def _cut_off(self, allowance: int) -> tuple[str, int]:
-        """(why the reply was not usable, the next request's allowance)."""
-        if allowance >= self.ceiling:
-            return f"cut off at the output-token ceiling ({allowance})", allowance
-        allowance = min(2 * allowance, self.ceiling)
-        return f"cut off by the output-token limit; asking again with {allowance}", allowance
 
     def _request(
         self,

@@ -30,14 +30,11 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TypeGuard
 
-from pydantic import ValidationError
-
 from reflact.calls.cache import cache_key
 from reflact.calls.protocol import Usage
 from reflact.config import ReflactConfig
 from reflact.errors import UserError
 from reflact.files import atomic_writer, lock_file, read_json, write_json, write_text
-from reflact.modes import MODES
 from reflact.running.outcome import Outcome
 
 SUMMARY = "summary.json"
@@ -50,7 +47,6 @@ HYDRA = ".hydra"
 USAGE_FIELDS = {f.name for f in fields(Usage)}
 
 
-# fmt: off
 class RunDir:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -111,22 +107,6 @@ class RunDir:
         """The record first: a patch on disk (what resume trusts) always has its record."""
         self.write_outcome(outcome)
         write_json(self.patch_path(outcome.tag), patch, durable=True)
-
-    def resume(self, outcome: Outcome, fingerprint: str, payload_key: str) -> dict | None:
-        """The saved patch when it was made from the same prompt and settings (then `outcome`
-        becomes its reused record, keeping what the patch cost when it was made, so a resumed
-        run still compares on tokens and cost); None when the minibatch must be (re)done.
-        A patch whose payload is not what the stage saves is redone too, never trusted."""
-        saved = self.patch(outcome.tag)
-        if saved is None or saved["fingerprint"] != fingerprint:
-            return None
-        items = saved["patch"].get(payload_key)
-        if not _kept_items_ok(items, payload_key) or len(items) > saved["n_proposed"]:
-            return None
-        outcome.status, outcome.parse = "reused", "ok"
-        outcome.proposed, outcome.kept = saved["n_proposed"], len(items)
-        _take_figures(outcome, self.outcome_record(outcome.tag))
-        return saved
 
     def patch(self, tag: str) -> dict | None:
         """The saved patch, or None when there is none, or it is unreadable or not of the shape
@@ -189,8 +169,14 @@ class RunDir:
 
     def run_files(self) -> list[tuple[Path, str]]:
         """(file, artifact folder) of the run's own files and previews that exist."""
-        names = [(SUMMARY, "run"), (KEPT_ITEMS, "run"), (REPORT, "run"), (ANALYSIS, "run"),
-                 (f"{HYDRA}/config.yaml", "run/hydra"), (f"{HYDRA}/overrides.yaml", "run/hydra")]
+        names = [
+            (SUMMARY, "run"),
+            (KEPT_ITEMS, "run"),
+            (REPORT, "run"),
+            (ANALYSIS, "run"),
+            (f"{HYDRA}/config.yaml", "run/hydra"),
+            (f"{HYDRA}/overrides.yaml", "run/hydra"),
+        ]
         files = [(self / name, folder) for name, folder in names if (self / name).is_file()]
         return files + [(path, "preview") for path in sorted(self.preview.glob("*"))]
 
@@ -200,7 +186,6 @@ class RunDir:
 
     def write_mlflow_record(self, record: dict) -> None:
         write_json(self / MLFLOW_RUN, record)
-# fmt: on
 
 
 # ---------------------------------------------------------------------- each request's trace record
@@ -274,15 +259,6 @@ def _holder(handle) -> str:
         return ""
 
 
-def _take_figures(outcome: Outcome, earlier: dict | None) -> None:
-    """A reused patch's figures from the record of the run that made it (none without one)."""
-    if earlier is not None:
-        outcome.usage = Usage(**earlier.get("usage", {}))
-        outcome.cost_usd = float(earlier.get("cost_usd", 0.0))
-        outcome.reasks = int(earlier.get("reasks", 0))
-        outcome.latency_s = float(earlier.get("latency_s", 0.0))
-
-
 def _object(saved: object) -> dict | None:
     return saved if isinstance(saved, dict) else None
 
@@ -303,19 +279,6 @@ def _patch_ok(saved: object) -> TypeGuard[dict]:
         and _count(saved.get("n_proposed"))
         and isinstance(saved.get("patch"), dict)
     )
-
-
-def _kept_items_ok(items: object, payload_key: str) -> bool:
-    """A list of items that each fit the schema of the mode whose payload this is."""
-    mode = next((m for m in MODES.values() if m.payload_key == payload_key), None)
-    if mode is None or not isinstance(items, list):
-        return False
-    try:
-        for item in items:
-            mode.item.model_validate(item)  # a non-object fails too
-    except ValidationError:
-        return False
-    return True
 
 
 def _outcome_ok(saved: object) -> TypeGuard[dict]:

@@ -27,6 +27,7 @@ from reflact.running.ask import Asker, Spend
 from reflact.running.events import MinibatchEnded, Observer, Planned, Publisher
 from reflact.running.outcome import Outcome, Tally
 from reflact.running.progress import Progress
+from reflact.running.reuse import reused
 from reflact.running.rundir import RunDir, fingerprint
 
 log = logging.getLogger("reflact")
@@ -68,34 +69,41 @@ class Ready:
     fingerprint: str
 
 
-# fmt: off
 class Stage:
     """One run of the reflect stage over a dataset, writing into `run_dir`."""
 
-    def __init__(self, cfg: ReflactConfig, dataset: Dataset, optimizer: Optimizer, run_dir: Path,
-                 observers: list[Observer] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ReflactConfig,
+        dataset: Dataset,
+        optimizer: Optimizer,
+        run_dir: Path,
+        observers: list[Observer] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.dataset = dataset
         self.run_dir = RunDir(run_dir)
         self.mode: Mode = get_mode(cfg.reflect.update_mode)
         # resolved before any call, so a bad override path stops the run with nothing spent
         self.system: SystemPrompts = resolve_system_prompts(overrides_of(cfg.prompts), self.mode, cfg.reflect)
-        contexts = [text_or_file(getattr(cfg.reflect, key), f"reflect.{key}") or ""
-                    for key in ("step_buffer", "meta_skill")]
-        self.prompts = PromptBuilder(cfg, dataset, self.mode, self.system, *contexts)
+        step_buffer, meta_skill = (
+            text_or_file(getattr(cfg.reflect, key), f"reflect.{key}") or "" for key in ("step_buffer", "meta_skill")
+        )
+        o = cfg.optimizer
+        self.prompts = PromptBuilder(
+            dataset=dataset,
+            mode=self.mode,
+            system=self.system,
+            budget=cfg.reflect.edit_budget,
+            window=o.context_window,
+            overflow=o.context_overflow,
+            allowance=output_allowance(o, self.mode),
+            step_buffer=step_buffer,
+            meta_skill=meta_skill,
+        )
         self.publish = Publisher(observers if observers is not None else [Progress(cfg, self.mode)])
-        self.asker = self._asker(optimizer)
+        self.asker = make_asker(cfg, self.mode, self.system, optimizer, self.publish)
         self._built: tuple[tuple[str, int], Prompt] | None = None  # the last minibatch's prompt, for its draws
-
-    def _asker(self, optimizer: Optimizer) -> Asker:
-        o, provenance = self.cfg.optimizer, self.cfg.reflect.provenance
-        schemas = {group.name: reply_schema(self.mode, group, self.system.notes_allowed[group.name], provenance)
-                   for group in GROUPS}
-        return Asker(optimizer=optimizer, mode=self.mode, budget=self.cfg.reflect.edit_budget,
-                     max_reasks=self.cfg.reflect.max_reasks, allowance=output_allowance(o, self.mode),
-                     ceiling=o.max_output_tokens_ceiling, price=o.prices.get(o.model), spend=Spend(o.max_cost_usd),
-                     schemas=schemas, notes_allowed=self.system.notes_allowed, publish=self.publish,
-                     stopping=threading.Event(), provenance=provenance)
 
     def observe(self, observer: Observer) -> None:
         self.publish.observers.append(observer)
@@ -131,9 +139,12 @@ class Stage:
         """optimizer.samples; several draws of one prompt only differ when the model samples."""
         o = self.cfg.optimizer
         if o.samples > 1 and not o.temperature:
-            log.warning("optimizer.samples=%d with optimizer.temperature %s: a deterministic model gives every "
-                        "draw the same reply; set optimizer.temperature (e.g. 1.0)", o.samples,
-                        "unset" if o.temperature is None else "0")
+            log.warning(
+                "optimizer.samples=%d with optimizer.temperature %s: a deterministic model gives every "
+                "draw the same reply; set optimizer.temperature (e.g. 1.0)",
+                o.samples,
+                "unset" if o.temperature is None else "0",
+            )
         return o.samples
 
     def stop(self, pool: ThreadPoolExecutor) -> None:
@@ -155,7 +166,7 @@ class Stage:
         prompt = self._prompt(mb, shown)
         outcome.parts, outcome.shortened = len(prompt.parts), prompt.shortened
         fp = fingerprint(self.cfg, prompt.messages, mb.draw)
-        saved = self.run_dir.resume(outcome, fp, self.mode.payload_key)
+        saved = reused(self.run_dir, outcome, fp, self.mode.payload_key)
         if saved is not None:
             return outcome, saved
         self.run_dir.write_prompt(mb.tag, prompt.parts)
@@ -175,8 +186,9 @@ class Stage:
         outcome, tally, asked = ready.outcome, Tally(), []
         sample = self.cfg.optimizer.sample + ready.mb.draw if self.cfg.optimizer.samples > 1 else None
         for part, ids in zip(ready.prompt.parts, ready.prompt.ids, strict=True):
-            one = self.asker.ask(outcome.tag, outcome.group, part, len(tally.call_log), self._keep(outcome.tag),
-                                 ids, sample)
+            one = self.asker.ask(
+                outcome.tag, outcome.group, part, len(tally.call_log), self._keep(outcome.tag), ids, sample
+            )
             tally.add(one.tally)
             asked.append(one)
             if one.status not in ("ok", "dry_run"):  # a dry run estimates every part
@@ -188,25 +200,48 @@ class Stage:
             outcome.status = last.status
             self.run_dir.write_outcome(outcome)
             return outcome, None
-        patch = self._patch(ready, [a.checked for a in asked])
+        patch = patch_file(ready, [a.checked for a in asked], self.mode, self.cfg.reflect.edit_budget)
         self.run_dir.save_patch(outcome, patch)
         return outcome, patch
 
     def _keep(self, tag: str):
         return lambda number, reply: self.run_dir.write_reply(tag, number, reply.text)
 
-    def _patch(self, ready: Ready, checked: list) -> dict:
-        """The patch file: the model's object (parts merged), plus what reflact knows of it."""
-        outcome = ready.outcome
-        merged = checked[0] if len(checked) == 1 else merge_replies(checked, self.mode, self.cfg.reflect.edit_budget)
-        outcome.proposed, outcome.kept = merged.proposed, merged.kept
-        return {
-            **merged.obj,
-            "source_type": outcome.group,
-            "batch_size": outcome.analysed,  # the patch's support, as SkillOpt's trainer reads it
-            "trajectory_ids": outcome.ids,
-            "n_analysed": outcome.analysed,
-            "n_proposed": merged.proposed,
-            "fingerprint": ready.fingerprint,
-        }
-# fmt: on
+
+def make_asker(
+    cfg: ReflactConfig, mode: Mode, system: SystemPrompts, optimizer: Optimizer, publish: Publisher
+) -> Asker:
+    """The settings every conversation of the run shares."""
+    o, provenance = cfg.optimizer, cfg.reflect.provenance
+    schemas = {group.name: reply_schema(mode, group, system.notes_allowed[group.name], provenance) for group in GROUPS}
+    return Asker(
+        optimizer=optimizer,
+        mode=mode,
+        budget=cfg.reflect.edit_budget,
+        max_reasks=cfg.reflect.max_reasks,
+        allowance=output_allowance(o, mode),
+        ceiling=o.max_output_tokens_ceiling,
+        price=o.prices.get(o.model),
+        spend=Spend(o.max_cost_usd),
+        schemas=schemas,
+        notes_allowed=system.notes_allowed,
+        publish=publish,
+        stopping=threading.Event(),
+        provenance=provenance,
+    )
+
+
+def patch_file(ready: Ready, checked: list, mode: Mode, budget: int) -> dict:
+    """The patch file: the model's object (parts merged), plus what reflact knows of it."""
+    outcome = ready.outcome
+    merged = checked[0] if len(checked) == 1 else merge_replies(checked, mode, budget)
+    outcome.proposed, outcome.kept = merged.proposed, merged.kept
+    return {
+        **merged.obj,
+        "source_type": outcome.group,
+        "batch_size": outcome.analysed,  # the patch's support, as SkillOpt's trainer reads it
+        "trajectory_ids": outcome.ids,
+        "n_analysed": outcome.analysed,
+        "n_proposed": merged.proposed,
+        "fingerprint": ready.fingerprint,
+    }

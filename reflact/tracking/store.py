@@ -156,7 +156,6 @@ def prompt_name(group: str, mode: str, skill_aware: bool, overridden: bool, prov
     return name + (".custom" if overridden else "")
 
 
-# fmt: off
 class Store:
     """One MLflow tracking store, and the run being written to it. Every method may raise: the
     callers (live tracking, relog) turn a failure into a warning and the run dir stays complete."""
@@ -176,8 +175,9 @@ class Store:
     def retire(self, run_dir: Path) -> None:
         """Ends and deletes every active run logged for `run_dir` before (a rerun replaces its run,
         whatever moment the earlier process died at): one run dir, one active MLflow run."""
-        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`reflact.run_dir` = "
-                                       f"'{_quoted(str(run_dir))}'", max_results=1000)
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`reflact.run_dir` = '{_quoted(str(run_dir))}'", max_results=1000
+        )
         for run in runs:
             if run.info.status == "RUNNING":
                 self.client.set_terminated(run.info.run_id, "KILLED")
@@ -229,8 +229,13 @@ class Store:
         with one_at_a_time():
             from mlflow.entities import Dataset, DatasetInput, InputTag
 
-        dataset = Dataset(name=name, digest=digest, source_type="local", source=json.dumps({"uri": source}),
-                          profile=json.dumps(profile))
+        dataset = Dataset(
+            name=name,
+            digest=digest,
+            source_type="local",
+            source=json.dumps({"uri": source}),
+            profile=json.dumps(profile),
+        )
         inputs = [DatasetInput(dataset, [InputTag("mlflow.data.context", "reflect")])]
         # Jobs of a sweep log the same dataset at once: the store's insert of the loser of that race
         # fails on the unique key and is rolled back; asked again, the store finds the winner's row.
@@ -251,8 +256,12 @@ class Store:
             if version is not None and version.template == text:
                 break
             try:
-                version = self.client.register_prompt(name=name, template=text, tags={"reflact.template_hash":
-                                                      template_hash}, commit_message=f"hash {template_hash}")
+                version = self.client.register_prompt(
+                    name=name,
+                    template=text,
+                    tags={"reflact.template_hash": template_hash},
+                    commit_message=f"hash {template_hash}",
+                )
                 break
             except Exception:  # registered meanwhile by another job: look again
                 if attempt == 2:
@@ -268,41 +277,67 @@ class Store:
     def trace(self, event, model: str) -> None:
         """One request as an MLflow trace, linked to the run: the exact messages, the reply or the
         error, tokens, latency, retries and whether the cache answered."""
-        reply = event.reply
-        started = reply.started_at if reply is not None else event.ended_at
-        span = self.client.start_trace(
-            name=event.tag, span_type="LLM", inputs={"messages": event.messages}, experiment_id=self.experiment_id,
-            run_id=self.run_id, start_time_ns=int(started * 1e9),
-            tags={"reflact.minibatch": event.tag, "reflact.request": str(event.number)},
-            attributes={"model": model, "request": event.number},
-        )
-        if reply is None:
-            self.client.end_trace(span.trace_id, outputs={"error": event.error}, status="ERROR",
-                                  end_time_ns=int(event.ended_at * 1e9))
-            return
-        attributes = {f"tokens_{k}": v for k, v in asdict(reply.usage).items()}
-        attributes.update({"latency_s": round(reply.latency_s, 3), "retries": reply.retries,
-                           "from_cache": reply.from_cache, "finish_reason": reply.finish_reason or "",
-                           "structured_output": reply.structured, "cost_usd": event.cost_usd})
-        self.client.end_trace(span.trace_id, outputs={"reply": reply.text}, attributes=attributes,
-                              end_time_ns=int((started + reply.latency_s) * 1e9))
+        write_trace(self.client, self.experiment_id, self.run_id, event, model)
 
     def traced_requests(self) -> set[tuple[str, str]]:
         """(minibatch, request number) of every trace the store holds for the run."""
         found: set[tuple[str, str]] = set()
         token = None
         while True:
-            page = self.client.search_traces(locations=[self.experiment_id], run_id=self.run_id,
-                                             max_results=500, page_token=token, include_spans=False)
-            found.update((t.info.tags.get("reflact.minibatch", ""), t.info.tags.get("reflact.request", ""))
-                         for t in page)
+            page = self.client.search_traces(
+                locations=[self.experiment_id],
+                run_id=self.run_id,
+                max_results=500,
+                page_token=token,
+                include_spans=False,
+            )
+            found.update(
+                (t.info.tags.get("reflact.minibatch", ""), t.info.tags.get("reflact.request", "")) for t in page
+            )
             token = page.token
             if not token:
                 return found
 
     def end(self, status: str, end_ms: int) -> None:
         self.client.set_terminated(self.run_id, status, end_time=end_ms)
-# fmt: on
+
+
+def write_trace(client, experiment_id: str, run_id: str, event, model: str) -> None:
+    """Store.trace's work: one span, opened with the request and ended with its reply or error."""
+    reply = event.reply
+    started = reply.started_at if reply is not None else event.ended_at
+    span = client.start_trace(
+        name=event.tag,
+        span_type="LLM",
+        inputs={"messages": event.messages},
+        experiment_id=experiment_id,
+        run_id=run_id,
+        start_time_ns=int(started * 1e9),
+        tags={"reflact.minibatch": event.tag, "reflact.request": str(event.number)},
+        attributes={"model": model, "request": event.number},
+    )
+    if reply is None:
+        client.end_trace(
+            span.trace_id, outputs={"error": event.error}, status="ERROR", end_time_ns=int(event.ended_at * 1e9)
+        )
+        return
+    attributes = {f"tokens_{k}": v for k, v in asdict(reply.usage).items()}
+    attributes.update(
+        {
+            "latency_s": round(reply.latency_s, 3),
+            "retries": reply.retries,
+            "from_cache": reply.from_cache,
+            "finish_reason": reply.finish_reason or "",
+            "structured_output": reply.structured,
+            "cost_usd": event.cost_usd,
+        }
+    )
+    client.end_trace(
+        span.trace_id,
+        outputs={"reply": reply.text},
+        attributes=attributes,
+        end_time_ns=int((started + reply.latency_s) * 1e9),
+    )
 
 
 def mlflow_defaults() -> None:
