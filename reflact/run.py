@@ -11,8 +11,8 @@ import contextlib
 import logging
 import os
 import sys
-import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -77,14 +77,22 @@ def _record_config(dict_cfg: DictConfig, hc: DictConfig, run_dir: Path) -> None:
     )
 
 
+# The OpenAI SDK's optional aiohttp transport, which reflact never uses: mlflow installs aiohttp,
+# and the SDK then imports it with itself, ~0.15 s before the first request. The SDK takes a
+# module it cannot import for the extra not installed.
+AIOHTTP_TRANSPORT = "openai._vendor.httpx_aiohttp"
+
+
 def main() -> None:
+    sys.modules.setdefault(AIOHTTP_TRANSPORT, None)  # type: ignore[arg-type]  # None: "cannot be imported"
+    ending = _Ending()
+    atexit.register(ending.now)  # before any handler of the run's own: it runs after all of them
     try:
         _main()
     except SystemExit as done:
-        if not isinstance(done.code, (int, type(None))):
-            raise
-        _exit_now(done.code or 0)
-    _exit_now(0)
+        ending.code = done.code or 0 if isinstance(done.code, (int, type(None))) else None
+        raise
+    ending.code = 0
 
 
 @exits_on_user_error  # config errors raised while Hydra composes
@@ -138,21 +146,24 @@ def _mode_from_command_line() -> Iterator[None]:
         Hydra.get_mode = composing  # type: ignore[method-assign]
 
 
-def _exit_now(code: int) -> None:
-    """Ends the process once its files, logs and exit handlers are done, skipping the interpreter's
-    teardown of every module MLflow imports (~0.7 s of a run's end, and nothing left to do). Only
-    when nothing else runs: a launcher's worker processes or threads get the usual shutdown."""
-    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
-    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
-    # no import here (a daemon thread may still be loading): without multiprocessing, no children
-    processes = sys.modules.get("multiprocessing")
-    if run_exit_handlers is None or others or (processes is not None and processes.active_children()):
-        sys.exit(code)
-    run_exit_handlers()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+@dataclass
+class _Ending:
+    """Ends the process once its exit handlers have run, skipping the interpreter's teardown of
+    every module the run imported (~0.5 s after the last reply, with nothing left to do). Python
+    has joined the run's threads by then; a launcher's worker processes still running get the
+    usual shutdown."""
+
+    code: int | None = None  # the exit code, once the run is over (None: leave the exit to Python)
+
+    def now(self) -> None:
+        # no import here (a daemon thread may still be loading): without multiprocessing, no children
+        processes = sys.modules.get("multiprocessing")
+        if self.code is None or (processes is not None and processes.active_children()):
+            return
+        logging.shutdown()  # its own exit handler was registered before this one, so would not run
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(self.code)
 
 
 if __name__ == "__main__":

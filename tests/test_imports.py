@@ -135,7 +135,8 @@ def test_a_run_and_its_reruns_load_no_module_outside_the_lock(server, launch_dir
 
 def test_a_rerun_with_every_patch_reused_never_loads_the_sdk(server, launch_dir, tmp_path):
     """Nothing to ask: the client is never made, so the OpenAI SDK (about half a second of a
-    rerun's start) is never imported; the first run, which asks, does import it."""
+    rerun's start) is never imported; the first run, which asks, does import it (without the
+    aiohttp transport it would bring along)."""
     data = write_dataset(tmp_path / "data", n_fail=3, n_succ=3)
     point = [f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
              "optimizer=compatible", "mlflow.enabled=false", f"hydra.run.dir={tmp_path / 'run'}"]
@@ -146,6 +147,7 @@ def test_a_rerun_with_every_patch_reused_never_loads_the_sdk(server, launch_dir,
         loaded.append({line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
                        if line.startswith("import time:")})
     assert {"openai", "reflact.calls.client"} <= loaded[0]
+    assert "aiohttp" not in loaded[0]  # the SDK's aiohttp transport is never used: not loaded either
     assert not {"openai", "reflact.calls.client"} & loaded[1]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["counts"]["minibatches_reused"] == 2
 

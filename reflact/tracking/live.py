@@ -8,8 +8,9 @@ No call ever waits on it. At the end the run waits for it at most `mlflow.deadli
 that is down, frozen or never answers then costs one warning, and the run dir (which holds
 every request's trace record too) is logged later by `python -m reflact.relog`.
 
-The process starts with the first request. A rerun that makes none and finds its MLflow run
-already holding the same patches under the same settings leaves that run as it is.
+The process starts with the run and imports mlflow beside the run's own start; it hears of the
+run with the first request. A rerun that makes none and finds its MLflow run already holding
+the same patches under the same settings leaves that run as it is (the process is stopped).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import reflact
 from reflact.running.events import CallStarted, MinibatchEnded, Replied
@@ -36,7 +38,7 @@ from reflact.tracking.worker import End, Start
 
 log = logging.getLogger("reflact")
 SAVED: dict = {}  # stands for a saved patch in the queue
-# importing mlflow is seconds of CPU: let the first requests go out before the tracker starts it
+# pickling the run's context (its dataset) is the run's CPU: let the first requests go out first
 FIRST_REQUESTS_S = 0.2
 # the part of the deadline left to the tracker's own answer (why it gave up) before it is stopped
 ANSWER_S = 0.5
@@ -56,6 +58,7 @@ class LiveRun:
         self.uri = tracking_uri(context.cfg, context.launch_dir)
         self.finished = False
         self._tracker = TrackerProcess(Start(context, self.uri))
+        self._tracker.spawn(urlsplit(self.uri).scheme or "file")
         self._lock = threading.Lock()
         self._patches: dict[str, str] = {}  # tag -> the patch's fingerprint, or the minibatch's status
 
@@ -83,6 +86,7 @@ class LiveRun:
         self.finished = True
         record = self.context.run_dir.mlflow_record()
         if not self._tracker.started and status == "FINISHED" and self._up_to_date(record):
+            self._tracker.discard()
             log.info("MLflow run %s already holds this run's patches; left as it is", record["run_id"])
             return record["run_id"]
         deadline_s = self.context.cfg.mlflow.deadline_s
@@ -141,6 +145,20 @@ class TrackerProcess:
         self._answered = 0.0  # monotonic: the store's last answer, as the tracker reported it
         self._failing = False  # the store's last answer was a failure
 
+    def spawn(self, scheme: str) -> None:
+        """The process, importing what a store of `scheme` needs until the run's first event."""
+        try:
+            self._proc = _spawn(scheme)
+        except OSError as exc:
+            self._failure = f"the tracker process did not start: {exc}"
+            self._done.set()
+
+    def discard(self) -> None:
+        """The run needs no tracking after all: the process goes, told nothing."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+
     def start(self, delay_s: float) -> None:
         with self._lock:
             if not self.started:
@@ -173,11 +191,8 @@ class TrackerProcess:
     def _feed(self, delay_s: float) -> None:
         """The feeder thread: starts the tracker process, then pipes it every event, in order."""
         time.sleep(delay_s)
-        try:
-            proc = self._proc = _spawn()
-        except OSError as exc:
-            self._failure = f"the tracker process did not start: {exc}"
-            self._done.set()
+        proc = self._proc
+        if proc is None:  # it did not start (spawn says why)
             return
         threading.Thread(target=self._listen, args=(proc,), name="reflact-mlflow-answers", daemon=True).start()
         message: object = self._first
@@ -261,14 +276,15 @@ def trace_record(event: Replied) -> dict:
     }
 
 
-def _spawn() -> subprocess.Popen:
+def _spawn(scheme: str) -> subprocess.Popen:
     """The tracker process, importing this very reflact; its own session, so a terminal's signals
-    reach only the run (which ends the MLflow run through the pipe)."""
+    reach only the run (which ends the MLflow run through the pipe). Only the store's scheme is on
+    its command line: a database URI may hold a password."""
     env = dict(os.environ)
     root = str(Path(reflact.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     return subprocess.Popen(
-        [sys.executable, "-m", "reflact.tracking.worker"],
+        [sys.executable, "-m", "reflact.tracking.worker", scheme],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=env,

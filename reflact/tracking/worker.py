@@ -33,13 +33,19 @@ from reflact.imports import one_at_a_time
 from reflact.running.events import Replied
 from reflact.text import one_line
 from reflact.tracking.mirror import Mirror, RunContext
-from reflact.tracking.store import Store, mlflow_globals_at
+from reflact.tracking.store import Store, mlflow_defaults, mlflow_globals_at
 
 log = logging.getLogger("reflact")
 BATCH_S = 0.5  # events written together: one metrics request per batch, not per minibatch
 FIRST_RETRY_S = 0.5  # then doubling, up to LAST_RETRY_S, while the store does not answer
 LAST_RETRY_S = 8.0
-PROBE_S = 2.0  # the first look at an HTTP tracking server
+PROBE_S = 2.0
+SQL_SCHEMES = (
+    "sqlite",
+    "postgresql",
+    "mysql",
+    "mssql",
+)  # the stores MLflow keeps with SQLAlchemy  # the first look at an HTTP tracking server
 ORPHAN_S = 10.0  # a tracker whose run was killed ends its MLflow run KILLED within this
 
 
@@ -178,11 +184,11 @@ class Answering:
         return answered
 
 
-def serve(inbox: queue.SimpleQueue, send) -> None:
+def serve(inbox: queue.SimpleQueue, send, scheme: str = "") -> None:
     """The tracker's loop: batches of events written as they come, retried while the store fails.
     This thread alone imports (holding the lock throughout); the inbox thread only reads bytes."""
     with one_at_a_time():
-        _serve(_Messages(inbox), send)
+        _serve(_Messages(inbox), send, scheme)
 
 
 class _Messages:
@@ -197,8 +203,11 @@ class _Messages:
         return pickle.loads(frame) if frame else End(None, "KILLED", "", ORPHAN_S)
 
 
-def _serve(inbox: _Messages, send) -> None:
-    start: Start = inbox.get()
+def _serve(inbox: _Messages, send, scheme: str) -> None:
+    _warm(scheme)
+    start = inbox.get()
+    if not isinstance(start, Start):  # the run ended needing no tracking
+        return
     tracker = Tracker(start.context, start.uri, send)
     if not _answers(start.uri):
         send({"failing": True})
@@ -213,6 +222,17 @@ def _serve(inbox: _Messages, send) -> None:
                 send({"done": tracker.end(end)})
                 return
             tracker.attempt()
+
+
+def _warm(scheme: str) -> None:
+    """What writing to a store of `scheme` imports (seconds of CPU), loaded while the run starts
+    and before its first event: only the store's own work is left for the run's calls to overlap."""
+    mlflow_defaults()
+    with one_at_a_time():
+        import mlflow.tracking  # noqa: F401
+
+        if scheme.split("+", 1)[0] in SQL_SCHEMES:
+            import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
 
 
 def _answers(uri: str) -> bool:
@@ -284,7 +304,7 @@ def main() -> int:
     log.propagate = False
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_read, args=(sys.stdin.buffer, inbox), name="reflact-inbox", daemon=True).start()
-    serve(inbox, send)
+    serve(inbox, send, sys.argv[1] if len(sys.argv) > 1 else "")
     return 0
 
 
