@@ -28,7 +28,6 @@ from reflact.config import ReflactConfig, literal
 from reflact.errors import UserError, user_error_message
 from reflact.imports import one_at_a_time
 from reflact.launch import LaunchDir
-from reflact.running.outcome import WITH_PATCH
 
 log = logging.getLogger("reflact")
 # Hydra's compose API works on one process-wide instance: one composition at a time
@@ -99,18 +98,20 @@ def _reflect(cfg: ReflactConfig, data, inputs: PythonInputs | None, folder: Path
 
 def run(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch) -> Reflection:
     """The stage as an experiment, for the API and the command line (`launch` is a Path or an
-    experiment.Launch): its result with the patches read back in plan order."""
+    experiment.Launch): its result, the patches in plan order."""
     from reflact.experiment import Launch, run_experiment
-    from reflact.running.rundir import RunDir
 
     if not isinstance(launch, Launch):
         launch = Launch(Path(launch), record_config=lambda: _record_config(cfg, run_dir))
     result = run_experiment(cfg, params, run_dir, launch)
-    rd = RunDir(run_dir)
-    saved = {mb["tag"]: rd.patch(mb["tag"]) for mb in result.summary["minibatches"] if mb["status"] in WITH_PATCH}
-    patches = {tag: patch for tag, patch in saved.items() if patch is not None}
     return Reflection(
-        patches, result.summary, result.status, result.reason, Path(run_dir), result.mlflow_run_id, result.analysis
+        result.patches,
+        result.summary,
+        result.status,
+        result.reason,
+        Path(run_dir),
+        result.mlflow_run_id,
+        result.analysis,
     )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from reflact.analysis.figures import analyse_run_dir
+from reflact.analysis.figures import Run, analyse_run_dir, run_from
 from reflact.analysis.figures import warm as analysis_warm
 from reflact.analysis.matchers import matcher_for
 from reflact.calls.deferred import Deferred, api_key
@@ -45,6 +45,7 @@ class Launch:
 class RunResult:
     run_dir: Path
     summary: dict
+    patches: dict[str, dict]  # minibatch tag -> its patch as saved, in plan order
     status: str  # FINISHED or FAILED (a stopped run raises reflact.errors.Stopped)
     reason: str = ""  # why it failed, and what to check
     mlflow_run_id: str | None = None
@@ -117,17 +118,20 @@ def _run(
         outcomes = stage.run()
     finally:
         optimizer.close()
-    summary = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.system.hashes(), started_at, time.time)
-    analysis = _analysis(cfg, stage, summary, launch_dir)
+    hashes = stage.system.hashes()
+    summary, kept = summarize(
+        stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.patches, hashes, started_at, time.time
+    )
+    analysis = _analysis(cfg, stage, summary, run_from(stage.run_dir.root, summary, kept), launch_dir)
     status, reason = run_status(summary["counts"], cfg, outcomes, stage.run_dir.root, optimizer.fault)
     run_id = tracker.finish(summary, status) if tracker is not None else None
     if optimizer.fault and status == "FAILED":  # the reason says it all, in one line
-        return RunResult(stage.run_dir.root, summary, status, reason, run_id, analysis)
+        return RunResult(stage.run_dir.root, summary, stage.patches, status, reason, run_id, analysis)
     if optimizer.fault:
         log.warning("%s", optimizer.fault)
     report_end(cfg, summary, stage.mode.label, stage.run_dir)
     report_analysis(analysis)
-    return RunResult(stage.run_dir.root, summary, status, reason, run_id, analysis)
+    return RunResult(stage.run_dir.root, summary, stage.patches, status, reason, run_id, analysis)
 
 
 class WarmUp:
@@ -148,13 +152,13 @@ class WarmUp:
         threading.Thread(target=analysis_warm, name="reflact-warm", daemon=True).start()
 
 
-def _analysis(cfg: ReflactConfig, stage: Stage, summary: dict, launch_dir: Path) -> dict:
+def _analysis(cfg: ReflactConfig, stage: Stage, summary: dict, run: Run, launch_dir: Path) -> dict:
     """The run's analysis.json by the configured matcher; its calls are capped by what the stage left."""
     if cfg.optimizer.dry_run:  # nothing kept, nothing to embed: no endpoint is asked
-        return analyse_run_dir(stage.run_dir, cfg.analysis.match_threshold, cfg.analysis.max_items)
+        return analyse_run_dir(stage.run_dir, cfg.analysis.match_threshold, cfg.analysis.max_items, run)
     chosen = matcher_for(cfg, launch_dir, summary["counts"]["spent_usd"], stage.run_dir.calls / "analysis_judge")
     try:
-        return analyse_run_dir(stage.run_dir, chosen, cfg.analysis.max_items)
+        return analyse_run_dir(stage.run_dir, chosen, cfg.analysis.max_items, run)
     finally:
         chosen.close()
 

@@ -114,8 +114,11 @@ def write_text(path: Path, text: str, durable: bool = False) -> None:
         handle.write(text)
 
 
-def write_json(path: Path, obj: object, durable: bool = False, indent: int | None = 2) -> None:
-    write_text(path, json.dumps(obj, ensure_ascii=False, indent=indent) + "\n", durable)
+def write_json(path: Path, obj: object, durable: bool = False, indent: int | None = 2) -> str:
+    """Writes `obj` as JSON; returns that JSON as built, before write_text repaired any surrogate."""
+    text = json.dumps(obj, ensure_ascii=False, indent=indent)
+    write_text(path, text + "\n", durable)
+    return text
 
 
 def read_json(path: Path) -> object | None:

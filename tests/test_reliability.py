@@ -457,8 +457,8 @@ def test_500_minibatches_with_64_workers_and_random_latency(tmp_path, server):
         assert patch["n_proposed"] == budget + 2
     assert not list(run_dir.rglob("*.tmp"))
     assert {o.status for o in outcomes} == {"done"}
-    summary = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.system.hashes(), started,
-                        time.monotonic)
+    summary, _ = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.patches, stage.system.hashes(),
+                           started, time.monotonic)
     c = summary["counts"]
     assert c["calls"] == 500 and c["minibatches_done"] == 500 and c["failed_calls"] == 0
     assert c["edits_kept"] == 500 * budget and c["edits_proposed"] == 500 * (budget + 2)

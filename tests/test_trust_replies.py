@@ -91,6 +91,24 @@ def test_a_lone_surrogate_in_a_reply_is_saved_repaired_and_replays_from_the_cach
         assert patch["patch"]["edits"][0]["content"] == "- keep calm \ufffd"
 
 
+def test_the_api_returns_the_patches_as_saved_repaired_and_in_plan_order(tmp_path, server):
+    """The patches reflect() returns are the ones in patches/ (not read back: passed on in memory),
+    a lone surrogate repaired as on disk, in plan order, on the first run and on a rerun that
+    reuses them all."""
+    import reflact
+
+    data = write_dataset(tmp_path / "d", n_fail=4, n_succ=2)
+    server.script = lambda request, number: escaped_reply(request, f"- keep calm {HALF_EMOJI}")
+    point = ["optimizer=compatible", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+             "reflect.minibatch_size=2", "mlflow.enabled=false", "optimizer.cache=off"]
+    for run in ("first", "rerun"):
+        done = reflact.reflect(data, overrides=point, run_dir=tmp_path / "run", launch_dir=tmp_path)
+        assert list(done.patches) == ["minibatch_fail_000", "minibatch_fail_001", "minibatch_succ_000"], run
+        assert done.patches == patches_of(tmp_path / "run"), run
+        assert {p["patch"]["edits"][0]["content"] for p in done.patches.values()} == {"- keep calm \ufffd"}
+    assert server.count == 3 and done.summary["counts"]["minibatches_reused"] == 3
+
+
 def test_results_and_imports_with_lone_surrogates_are_written(tmp_path):
     log = tmp_path / "log.jsonl"
     run = {"id": "r1", "score": 0, "task": f"cut {HALF_EMOJI}",

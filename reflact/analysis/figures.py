@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,15 +91,8 @@ def load_run(root: Path) -> Run:
     it is no finished run dir or its files cannot be read."""
     rd = RunDir(root)
     summary = finished_summary(root)
-    draws: Counter = Counter()
-    for record in summary["minibatches"]:
-        where = parse_tag(str(record.get("tag", "")))
-        if where is not None and record.get("status") in WITH_PATCH:
-            draws[where[:2]] += 1
-    cost = summary.get("counts", {}).get("cost_usd", 0.0)  # None: the model had no price
-    run = Run(Path(root), summary.get("settings", {}), float(cost or 0.0), draws)
     try:
-        run.items = [item for row in rd.kept_items() if (item := _item(row)) is not None]
+        run = run_from(Path(root), summary, rd.kept_items())
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise UserError(f"{root}: {KEPT_ITEMS} is damaged (a line is not a kept item)") from None
     except OSError as exc:
@@ -106,6 +100,19 @@ def load_run(root: Path) -> Run:
     own = rd.analysis() or {}
     matcher = own.get("matcher", "lexical" if own else None)
     run.threshold, run.matcher = own.get("threshold"), None if matcher is None else str(matcher)
+    return run
+
+
+def run_from(root: Path, summary: dict, kept_items: Iterable[dict]) -> Run:
+    """The run of a summary and its kept items' rows (as the run dir holds them, or as just written)."""
+    draws: Counter = Counter()
+    for record in summary["minibatches"]:
+        where = parse_tag(str(record.get("tag", "")))
+        if where is not None and record.get("status") in WITH_PATCH:
+            draws[where[:2]] += 1
+    cost = summary.get("counts", {}).get("cost_usd", 0.0)  # None: the model had no price
+    run = Run(root, summary.get("settings", {}), float(cost or 0.0), draws)
+    run.items = [item for row in kept_items if (item := _item(row)) is not None]
     run.support_share = summary.get("counts", {}).get("support_share")
     return run
 
@@ -255,16 +262,17 @@ def seed_metrics(by_cell: dict[tuple[str, int, int], float]) -> dict[str, float]
     return metrics
 
 
-def analyse_run_dir(run_dir: RunDir, chosen, max_items: int | None = None) -> dict:
+def analyse_run_dir(run_dir: RunDir, chosen, max_items: int | None = None, run: Run | None = None) -> dict:
     """The figures of a finished run dir, written to its analysis.json; a run of more than
     `max_items` kept items gets only their number and why the rest was not computed, and so does
     one whose matcher's calls could not be made (the run's patches stand: a warning, no failure).
-    `chosen`: a reflact.analysis.matchers.Chosen, or a lexical threshold."""
+    `chosen`: a reflact.analysis.matchers.Chosen, or a lexical threshold; `run`: the run as just
+    summarized (run_from), else read from the run dir."""
     from reflact.analysis.embedding import AnalysisUnavailable
     from reflact.analysis.matchers import Chosen
 
     chosen = chosen if isinstance(chosen, Chosen) else Chosen(as_matcher(chosen))
-    run = load_run(run_dir.root)
+    run = run if run is not None else load_run(run_dir.root)
     described = chosen.matcher.describe()
     brief = {"edits": len(run.items), "matcher": described["matcher"], "threshold": described["threshold"]}
     too_much = None if max_items is None else over_budget(run.items, max_items)

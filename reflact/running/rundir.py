@@ -34,7 +34,7 @@ from reflact.calls.cache import cache_key
 from reflact.calls.protocol import Usage
 from reflact.config import ReflactConfig
 from reflact.errors import UserError
-from reflact.files import atomic_writer, lock_file, read_json, write_json, write_text
+from reflact.files import atomic_writer, lock_file, read_json, repair_text, write_json, write_text
 from reflact.running.outcome import Outcome
 
 SUMMARY = "summary.json"
@@ -103,10 +103,13 @@ class RunDir:
     def write_outcome(self, outcome: Outcome) -> None:
         write_json(self.call_dir(outcome.tag) / "outcome.json", asdict(outcome), indent=None)
 
-    def save_patch(self, outcome: Outcome, patch: dict) -> None:
-        """The record first: a patch on disk (what resume trusts) always has its record."""
+    def save_patch(self, outcome: Outcome, patch: dict) -> dict:
+        """The record first: a patch on disk (what resume trusts) always has its record. Returns
+        the patch as saved (as a rerun reads it: text that cannot be written repaired)."""
         self.write_outcome(outcome)
-        write_json(self.patch_path(outcome.tag), patch, durable=True)
+        text = write_json(self.patch_path(outcome.tag), patch, durable=True)
+        repaired = repair_text(text)
+        return patch if repaired is text else json.loads(repaired)
 
     def patch(self, tag: str) -> dict | None:
         """The saved patch, or None when there is none, or it is unreadable or not of the shape

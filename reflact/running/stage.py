@@ -40,10 +40,13 @@ class Settled:
         self.publish = publish
         self.window = threading.BoundedSemaphore(size)
         self.outcomes: dict[str, Outcome] = {}
+        self.patches: dict[str, dict] = {}
         self.crashed: list[BaseException] = []
 
     def ended(self, outcome: Outcome, patch: dict | None) -> None:
         self.outcomes[outcome.tag] = outcome  # one key per minibatch: no lock needed
+        if patch is not None:
+            self.patches[outcome.tag] = patch
         self.publish(MinibatchEnded(outcome, patch))
 
     def finished(self, future) -> None:
@@ -104,6 +107,7 @@ class Stage:
         self.publish = Publisher(observers if observers is not None else [Progress(cfg, self.mode)])
         self.asker = make_asker(cfg, self.mode, self.system, optimizer, self.publish)
         self._built: tuple[tuple[str, int], Prompt] | None = None  # the last minibatch's prompt, for its draws
+        self.patches: dict[str, dict] = {}  # after run(): every minibatch's patch as saved, in plan order
 
     def observe(self, observer: Observer) -> None:
         self.publish.observers.append(observer)
@@ -133,6 +137,7 @@ class Stage:
             except BaseException:  # Ctrl-C, SIGTERM, or a bug
                 self.stop(pool)
                 raise
+        self.patches = {mb.tag: settled.patches[mb.tag] for mb in plan if mb.tag in settled.patches}
         return [settled.outcomes[mb.tag] for mb in plan]
 
     def draws(self) -> int:
@@ -201,8 +206,7 @@ class Stage:
             self.run_dir.write_outcome(outcome)
             return outcome, None
         patch = patch_file(ready, [a.checked for a in asked], self.mode, self.cfg.reflect.edit_budget)
-        self.run_dir.save_patch(outcome, patch)
-        return outcome, patch
+        return outcome, self.run_dir.save_patch(outcome, patch)
 
     def _keep(self, tag: str):
         return lambda number, reply: self.run_dir.write_reply(tag, number, reply.text)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict
 
 from reflact.calls.protocol import Usage
@@ -142,23 +143,27 @@ def summarize(
     dataset: Dataset,
     mode: Mode,
     outcomes: list[Outcome],
+    patches: Mapping[str, dict],
     template_hashes: dict,
     started: float,
     clock,
-) -> dict:
-    """Writes the previews, kept items, summary and report; returns the summary.
-    `started` is when the run started by `clock` (epoch seconds: time.time)."""
+) -> tuple[dict, list[dict]]:
+    """Writes the previews, kept items, summary and report; returns the summary and the kept items'
+    rows. `patches`: each minibatch's patch as saved; `started`: when the run started by `clock`
+    (epoch seconds: time.time)."""
     previews: dict[str, Preview] = {}
+    kept_items: list[dict] = []
     support = SupportTally() if cfg.reflect.provenance else None
     with run_dir.kept_items_writer() as kept, tempfile.TemporaryFile("w+", encoding="utf-8") as sections:
         for o in outcomes:
-            patch = run_dir.patch(o.tag) if o.status in WITH_PATCH else None
+            patch = patches.get(o.tag) if o.status in WITH_PATCH else None
             rows = []
             if patch is not None:
                 preview = write_preview(run_dir, dataset.skill, patch, mode, o.tag)
                 previews.update({o.tag: preview} if preview else {})
                 rows = kept_rows(o, patch, mode, preview)
                 kept.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+                kept_items.extend(rows)
                 if support is not None:
                     support.add([i for i in o.ids if i not in dataset.skipped], [row["item"] for row in rows])
             sections.write(minibatch_section(o, patch, rows, mode.payload_key))
@@ -167,7 +172,7 @@ def summarize(
         run_dir.write_summary(summary)
         sections.seek(0)
         write_run_report(run_dir, summary, sections)
-    return summary
+    return summary, kept_items
 
 
 def make_summary(
