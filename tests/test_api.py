@@ -19,6 +19,7 @@ def settings(server, *extra):
     return ["optimizer=compatible", f"optimizer.base_url={server.base_url}", "optimizer.model=test", *extra]
 
 
+@pytest.mark.slow
 def test_the_demo_twice_in_one_process_gives_the_same_patches(tmp_path, server):
     import mlflow
 

@@ -422,6 +422,7 @@ def test_dry_run_calls_nothing_and_estimates(tmp_path, server, launch_dir):
     assert counts["cost_usd"] > 0  # the default model has a price
 
 
+@pytest.mark.slow
 def test_unreachable_tracking_server_keeps_local_outputs(tmp_path, server, launch_dir):
     run_dir = tmp_path / "run"
     proc = cli(server, launch_dir, run_dir, "+exp=demo", "mlflow.tracking_uri=http://127.0.0.1:9",

@@ -39,6 +39,7 @@ def test_hydras_settings_are_in_their_own_file():
     assert hydra.sweep.dir == "outputs/sweeps/demo" and hydra.job_logging.handlers.console.stream == "ext://sys.stderr"
 
 
+@pytest.mark.slow
 def test_a_run_picked_with_exp_runs(tmp_path):
     proc = run_cli("exp=demo", "optimizer=dry_run", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert "dry run: " in ok(proc)
@@ -61,6 +62,7 @@ def test_a_library_warning_does_not_come_before_the_error_line(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_a_library_warning_goes_to_the_runs_log(tmp_path):
     conf = tmp_path / "conf"
     conf.mkdir()

@@ -119,6 +119,7 @@ def _ok(proc) -> None:
     assert "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_a_run_and_its_reruns_load_no_module_outside_the_lock(server, launch_dir, tmp_path, audited):
     """A run with MLflow on and the analysis warm-up, the same run again (nothing to do), and a
     new run dir answered wholly from the cache (the quickest end, where the old race struck)."""

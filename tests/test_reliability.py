@@ -347,6 +347,7 @@ def key_fragments() -> list[str]:
     return [CANARY, CANARY[-8:]]
 
 
+@pytest.mark.slow
 def test_echoed_api_key_is_found_nowhere(tmp_path, launch_dir):
     dataset = write_dataset(tmp_path / "ds", n_fail=4, n_succ=4)
     run_dir = tmp_path / "run"

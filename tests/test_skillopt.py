@@ -49,6 +49,7 @@ def test_it_takes_the_reference_arguments_in_the_reference_order():
         assert ours[name].kind == param.kind and ours[name].default == param.default, name
 
 
+@pytest.mark.slow
 def test_skillopt_reads_support_counts_and_failure_descriptions_from_reflacts_patches(tmp_path, endpoint):
     data, results, skill = inputs(tmp_path)
     step_dir = tmp_path / "step_1"
@@ -73,6 +74,7 @@ def test_skillopt_reads_support_counts_and_failure_descriptions_from_reflacts_pa
     assert patterns and all(": the agent got the amount wrong" in p["pattern"] for p in patterns)
 
 
+@pytest.mark.slow
 def test_skillopt_merges_reflacts_patches_and_keeps_their_support(tmp_path, endpoint, monkeypatch):
     import skillopt.model as skillopt_model
 
@@ -92,6 +94,7 @@ def test_skillopt_merges_reflacts_patches_and_keeps_their_support(tmp_path, endp
         assert item["support_count"] == supports[item["content"].split(" from ")[1].split(", ")[0]]
 
 
+@pytest.mark.slow
 def test_deprecated_step_buffer_aliases_warn_and_reach_the_prompt(tmp_path, endpoint):
     data, results, skill = inputs(tmp_path, n_fail=2, n_succ=0)
     with warnings.catch_warnings(record=True) as caught:
@@ -104,6 +107,7 @@ def test_deprecated_step_buffer_aliases_warn_and_reach_the_prompt(tmp_path, endp
     assert "## Previous Steps in This Epoch\ntried rule X, rejected\nrun 4 looped" in user
 
 
+@pytest.mark.slow
 def test_a_rerun_resumes_and_returns_the_same_patches(tmp_path, endpoint):
     data, results, skill = inputs(tmp_path, n_fail=5, n_succ=3)
     args = (results, skill, str(data / "predictions"), str(tmp_path / "patches"), 2, False, 4, 1, 9)

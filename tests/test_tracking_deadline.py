@@ -55,6 +55,7 @@ def test_a_failing_tracking_server_costs_one_warning_and_nothing_of_the_run(mode
     assert json.loads((tmp_path / "run" / "mlflow_run.json").read_text())["status"] == "INCOMPLETE"
 
 
+@pytest.mark.slow
 def test_relog_rebuilds_a_run_whose_server_was_down_with_every_trace(tmp_path, server, migrated_store):
     ok(run_against("refuse", tmp_path, server))
     store = tmp_path / "good.db"

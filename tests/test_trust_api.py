@@ -188,6 +188,7 @@ def test_openai_base_url_reaches_the_skillopt_entrys_config_as_written(monkeypat
 # ---------------------------------------------------------------- threads, and nothing left set
 
 
+@pytest.mark.slow
 def test_two_reflect_calls_in_two_threads_both_finish(tmp_path, server):
     outcomes: dict[str, object] = {}
 
@@ -227,6 +228,7 @@ JSON = st.recursive(
 ANYTHING = JSON | st.binary(max_size=8) | st.just(object()) | st.sets(st.integers(), max_size=2)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(

@@ -126,6 +126,7 @@ JSON = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=st.sampled_from(["summary.json", "analysis.json", "kept_items.jsonl", ".hydra/config.yaml"]),
        content=JSON, raw=st.one_of(st.none(), st.binary(max_size=30), st.text(max_size=30)))
