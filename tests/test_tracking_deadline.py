@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from reflact.testing.optimizer_server import OptimizerServer
+from reflact.testing.optimizer_server import OptimizerServer, Response, chat_body, default_reply
 from reflact.testing.tracking_endpoint import MODES, FailingTracking
 from tests.conftest import ok, output, run_cli, summary_of, write_dataset
 
@@ -122,3 +122,37 @@ def test_a_local_sqlite_store_is_waited_for_longer_than_a_server():
     assert busy_allowance("postgresql+psycopg2://u@h/db", 3.0) == 3.0
     assert busy_allowance("sqlite:////launch/outputs/mlflow.db", 10.0) == LOCAL_STORE_S >= 60
     assert busy_allowance("sqlite:////launch/outputs/mlflow.db", 300.0) == 300.0
+
+
+def test_the_tracker_process_is_told_the_stores_scheme_only(tmp_path, server, monkeypatch):
+    """The tracker starts with the run, before its first request (mlflow's import overlaps the
+    run's own start) and before the store's URI reaches it through its pipe: its command line
+    (which `ps` shows every user) names the scheme alone, not the store's address."""
+    import reflact
+    from reflact.tracking import live
+
+    started: list[list[str]] = []
+    real_popen = subprocess.Popen
+
+    def recording(args, **kwargs):
+        started.append(list(args))
+        return real_popen(args, **kwargs)
+
+    monkeypatch.setattr(live.subprocess, "Popen", recording)
+    trackers_at_request: list[int] = []
+
+    def script(request: dict, number: int) -> Response:
+        trackers_at_request.append(len(started))
+        return Response(body=chat_body(json.dumps(default_reply(request))))
+
+    server.script = script
+    data = write_dataset(tmp_path / "data", n_fail=2, n_succ=0)
+    with FailingTracking("refuse") as tracking:
+        uri = tracking.uri
+        done = reflact.reflect(data, overrides=["optimizer=compatible", f"optimizer.base_url={server.base_url}",
+                                                "optimizer.model=test", f"mlflow.tracking_uri={uri}",
+                                                "mlflow.deadline_s=1"], run_dir=tmp_path / "run", launch_dir=tmp_path)
+    assert done.status == "FINISHED"
+    assert [args[-2:] for args in started] == [["reflact.tracking.worker", "http"]]
+    assert not [arg for arg in started[0] if uri.split("//")[1] in arg]
+    assert trackers_at_request == [1]

@@ -189,7 +189,7 @@ class TrackerProcess:
                 return True
 
     def _feed(self, delay_s: float) -> None:
-        """The feeder thread: starts the tracker process, then pipes it every event, in order."""
+        """The feeder thread: pipes the tracker process every event, in order."""
         time.sleep(delay_s)
         proc = self._proc
         if proc is None:  # it did not start (spawn says why)

@@ -39,13 +39,8 @@ log = logging.getLogger("reflact")
 BATCH_S = 0.5  # events written together: one metrics request per batch, not per minibatch
 FIRST_RETRY_S = 0.5  # then doubling, up to LAST_RETRY_S, while the store does not answer
 LAST_RETRY_S = 8.0
-PROBE_S = 2.0
-SQL_SCHEMES = (
-    "sqlite",
-    "postgresql",
-    "mysql",
-    "mssql",
-)  # the stores MLflow keeps with SQLAlchemy  # the first look at an HTTP tracking server
+PROBE_S = 2.0  # the first look at an HTTP tracking server
+SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")  # the stores MLflow keeps with SQLAlchemy
 ORPHAN_S = 10.0  # a tracker whose run was killed ends its MLflow run KILLED within this
 
 
@@ -184,7 +179,7 @@ class Answering:
         return answered
 
 
-def serve(inbox: queue.SimpleQueue, send, scheme: str = "") -> None:
+def serve(inbox: queue.SimpleQueue, send, scheme: str) -> None:
     """The tracker's loop: batches of events written as they come, retried while the store fails.
     This thread alone imports (holding the lock throughout); the inbox thread only reads bytes."""
     with one_at_a_time():
