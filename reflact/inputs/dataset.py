@@ -46,10 +46,19 @@ class Folder:
     def real_path(self, path: Path) -> str:
         """os.path.realpath(path), without looking up every component above this folder when
         nothing between it and `path` is a link (the usual case: a run folder and its files)."""
+        return self.unlinked(path, os.path.islink(path)) or os.path.realpath(path)
+
+    def unlinked(self, path: Path, is_link: bool) -> str | None:
+        """The real path of `path` when it is inside this folder and neither it (`is_link`, from
+        its lstat) nor any folder between is a link; else None."""
         given, name = str(self.given).rstrip(os.sep) + os.sep, str(path)
         parts = name[len(given) :].split(os.sep) if name.startswith(given) else [".."]
-        if ".." in parts or any(os.path.islink(given + os.sep.join(parts[: i + 1])) for i in range(len(parts))):
-            return os.path.realpath(path)
+        if (
+            is_link
+            or ".." in parts
+            or any(os.path.islink(given + os.sep.join(parts[:i])) for i in range(1, len(parts)))
+        ):
+            return None
         return os.path.join(self.real, *parts)
 
     def holds(self, real: str) -> bool:
@@ -183,11 +192,16 @@ def locate(path: Path, root: Folder | None = None, key: str | None = None) -> Pa
     that stays inside counts as nothing). A UserError when it links outside `root`, is not a
     regular file, or cannot be looked up (a name too long, a link loop)."""
     try:
-        os.lstat(path)
+        found = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    unlinked = root.unlinked(path, stat.S_ISLNK(found.st_mode)) if root is not None else None
+    if unlinked is not None:  # no link on the way: the lstat is the file's own
+        if not stat.S_ISREG(found.st_mode):
+            raise UserError(f"{path}: not a regular file")
+        return Path(unlinked)
     real = os.path.realpath(path) if root is None else root.real_path(path)
     if root is not None and not root.holds(real):
         hint = f"; set {key} to read it from there" if key else ""
