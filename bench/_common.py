@@ -276,9 +276,10 @@ def log_phases(run_dir: Path, process_started_at: float) -> dict | None:
         lines = (run_dir / "run.log").read_text(encoding="utf-8").splitlines()
     except OSError:
         return None
-    start = next((when(l) for l in lines if "] - reflect:" in l), None)
-    progress = [when(l) for l in lines if re.search(r"\] - \[ *\d+/\d+\]", l)]
-    done = next((when(l) for l in lines if "] - done:" in l), None)
+    start = next((when(line) for line in lines if "] - reflect:" in line), None)
+    progress = [when(line) for line in lines if re.search(r"\] - \[ *\d+/\d+\]", line)]
+    done = next((when(line) for line in lines if "] - done:" in line), None)
     if start is None or not progress or done is None or progress[-1] is None:
         return None
-    return {"startup_load_s": start - process_started_at, "stage_s": progress[-1] - start, "post_s": done - progress[-1]}
+    return {"startup_load_s": start - process_started_at, "stage_s": progress[-1] - start,
+            "post_s": done - progress[-1]}

@@ -69,7 +69,7 @@ def main() -> None:
         rmtree(work)
         rmtree(data_root)
     print("\nratio to the previous size (lines, wall, CPU, peak RSS):")
-    for (s0, _, w0, c0, r0), (s1, _, w1, c1, r1) in zip(rows, rows[1:]):
+    for (s0, _, w0, c0, r0), (s1, _, w1, c1, r1) in zip(rows, rows[1:], strict=False):
         print(f"  {s1 / s0:.2f}x lines: wall {w1 / w0:.2f}x, CPU {c1 / c0:.2f}x, peak RSS {r1 / r0:.2f}x")
 
 

@@ -112,7 +112,7 @@ def run_measured(data: Path, server: Server, launch: Path, run_dir: Path, latenc
     stats = server.stats()
     if "MLflow logging" in proc.stderr and "failed" in proc.stderr:
         print(f"  note: a tracking warning in {run_dir.name}: "
-              f"{next(l for l in proc.stderr.splitlines() if 'MLflow logging' in l)[-300:]}")
+              f"{next(line for line in proc.stderr.splitlines() if 'MLflow logging' in line)[-300:]}")
     record = run_dir / "mlflow_run.json"
     return {"proc": proc, "calls": stats["requests"], "run_dir": run_dir,
             "tail": tail(stats, latency, exited_at, run_dir),
@@ -127,8 +127,8 @@ def tail(stats: dict, latency: float, exited_at: float, run_dir: Path | None = N
     last_reply = max(stats["arrivals"]) + latency
     result = {"total": exited_at - last_reply}
     lines = (run_dir / "run.log").read_text(encoding="utf-8").splitlines() if run_dir else []
-    progress = [when(l) for l in lines if re.search(r"\] - reflact: +\d+ of \d+ ended", l)]
-    done = next((when(l) for l in lines if "] - done:" in l), None)
+    progress = [when(line) for line in lines if re.search(r"\] - reflact: +\d+ of \d+ ended", line)]
+    done = next((when(line) for line in lines if "] - done:" in line), None)
     if progress and done:
         result.update(to_last_minibatch=progress[-1] - last_reply, to_done=done - progress[-1],
                       to_exit=exited_at - done)

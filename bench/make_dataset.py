@@ -60,7 +60,8 @@ def main() -> None:
             results.write(json.dumps(row) + "\n")
             folder = args.out / "predictions" / run_id
             folder.mkdir(parents=True, exist_ok=True)
-            (folder / "conversation.json").write_text(json.dumps(conversation(rng, index, args.steps)), encoding="utf-8")
+            (folder / "conversation.json").write_text(json.dumps(conversation(rng, index, args.steps)),
+                                                      encoding="utf-8")
     print(f"wrote {args.runs} runs to {args.out}")
 
 

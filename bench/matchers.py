@@ -44,12 +44,12 @@ def matched(matcher, rows: list[dict]) -> list[bool]:
 
 
 def line(name: str, threshold: float, rows: list[dict], hits: list[bool]) -> str:
-    same = [h for h, r in zip(hits, rows) if r["same"]]
-    different = [h for h, r in zip(hits, rows) if not r["same"]]
+    same = [h for h, r in zip(hits, rows, strict=True) if r["same"]]
+    different = [h for h, r in zip(hits, rows, strict=True) if not r["same"]]
     tp, fp = sum(same), sum(different)
     precision = f"{tp / (tp + fp):.2f}" if tp + fp else "–"
     kinds = {}
-    for h, r in zip(hits, rows):
+    for h, r in zip(hits, rows, strict=True):
         if not r["same"] and h:
             kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
     merged = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "none"

@@ -53,9 +53,9 @@ def export(rev: str, into: Path) -> Path:
 
 def run(tree: Path, data: Path, overrides: list[str], run_dir: Path, url: str, launch: Path) -> int:
     env = {**BASE_ENV, "PYTHONPATH": str(tree)}
-    args = [sys.executable, "-m", "reflact.run", f"data.dir={data}", "optimizer=compatible", f"optimizer.base_url={url}",
-            "optimizer.model=test", "optimizer.cache=off", "mlflow.enabled=false", f"hydra.run.dir={run_dir}",
-            *overrides]
+    args = [sys.executable, "-m", "reflact.run", f"data.dir={data}", "optimizer=compatible",
+            f"optimizer.base_url={url}", "optimizer.model=test", "optimizer.cache=off", "mlflow.enabled=false",
+            f"hydra.run.dir={run_dir}", *overrides]
     done = subprocess.run(args, cwd=launch, env=env, capture_output=True, text=True)
     if done.returncode:
         print(done.stderr[-2000:], file=sys.stderr)
@@ -79,7 +79,8 @@ def _drop_timing(obj: object) -> object:
 
 
 def differences(a: Path, b: Path) -> list[str]:
-    files = {p.relative_to(a) for p in a.rglob("*") if p.is_file()} | {p.relative_to(b) for p in b.rglob("*") if p.is_file()}
+    files = ({p.relative_to(a) for p in a.rglob("*") if p.is_file()}
+             | {p.relative_to(b) for p in b.rglob("*") if p.is_file()})
     out = []
     for rel in sorted(files):
         if rel.name in IGNORED or rel.parts[0] == ".hydra":

@@ -36,7 +36,8 @@ def phases(p: dict | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1000,10000,50000", help="comma-separated run counts; the first is the baseline")
+    parser.add_argument("--sizes", default="1000,10000,50000",
+                        help="comma-separated run counts; the first is the baseline")
     parser.add_argument("--latency", type=float, default=0.0, help="server latency per request, seconds")
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("-M", "--minibatch-size", type=int, default=8)

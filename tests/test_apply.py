@@ -268,8 +268,10 @@ def test_apply_counts():
 
 
 def test_append_goes_before_nested_or_overlapping_regions_at_the_end():
-    nested = "<!-- SLOW_UPDATE_START -->\nx\n<!-- APPENDIX_START -->\ny\n<!-- APPENDIX_END -->\nz\n<!-- SLOW_UPDATE_END -->\n"
-    overlapping = "<!-- SLOW_UPDATE_START -->\nx\n<!-- APPENDIX_START -->\ny\n<!-- SLOW_UPDATE_END -->\nz\n<!-- APPENDIX_END -->\n"
+    nested = ("<!-- SLOW_UPDATE_START -->\nx\n<!-- APPENDIX_START -->\ny\n<!-- APPENDIX_END -->\nz\n"
+              "<!-- SLOW_UPDATE_END -->\n")
+    overlapping = ("<!-- SLOW_UPDATE_START -->\nx\n<!-- APPENDIX_START -->\ny\n<!-- SLOW_UPDATE_END -->\nz\n"
+                   "<!-- APPENDIX_END -->\n")
     for regions in (nested, overlapping):
         assert run("a\n" + regions, {"op": "append", "content": "b"})[0] == "a\nb\n" + regions
         assert append_point("a\n" + regions) == 2

@@ -115,7 +115,8 @@ def demo(tmp_path_factory, migrated_store):
                 "summary": summary_of(run_dir) if (run_dir / "summary.json").is_file() else None,
                 "patch_bytes": file_bytes(run_dir / "patches") if (run_dir / "patches").is_dir() else {},
                 "patches": patches_of(run_dir) if (run_dir / "patches").is_dir() else {},
-                "summary_bytes": (run_dir / "summary.json").read_bytes() if (run_dir / "summary.json").is_file() else b"",
+                "summary_bytes": ((run_dir / "summary.json").read_bytes() if (run_dir / "summary.json").is_file()
+                                  else b""),
                 "hydra_bytes": file_bytes(run_dir / ".hydra") if (run_dir / ".hydra").is_dir() else {},
                 "mlflow": mlflow_state(launch, "reflact-demo"),
             }

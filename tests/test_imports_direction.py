@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "reflact"
 
 # bottom to top; a name is a top-level module or a subpackage of reflact/
 LAYERS = (
-    ("imports", "errors", "files", "text", "launch", "shipped", "groups", "modes", "metrics", "config"),  # shared basics
+    # shared basics
+    ("imports", "errors", "files", "text", "launch", "shipped", "groups", "modes", "metrics", "config"),
     ("inputs",),  # a dataset folder read and checked; one trajectory block; other logs as datasets
     ("calls",),  # the optimizer seam and its OpenAI-SDK client, cache, rate limits
     ("prompting",),  # minibatches, templates, a minibatch's messages fitted to the window

@@ -347,7 +347,7 @@ def one_run(uri: str, run_dir: Path):
 
 
 def test_runs_are_named_by_what_differs_and_tagged_with_their_overrides(shown):
-    for name, proc in shown["done"].items():
+    for proc in shown["done"].values():
         assert proc.returncode == 0, proc.stderr[-2000:]
     run = one_run(shown["uri"], shown["root"] / "split")
     assert run.info.run_name == "patch M4 L4 s42"

@@ -234,7 +234,8 @@ def test_resumed_patches_equal_an_uninterrupted_runs(killed_and_rerun):
     ok(k["clean"])
     assert k["clean_requests"] == N_KILL_MINIBATCHES
     resumed, clean = patches_of(k["run_dir"]), patches_of(k["clean_dir"])
-    assert sorted(clean) == [f"minibatch_fail_{i:03d}" for i in range(6)] + [f"minibatch_succ_{i:03d}" for i in range(6)]
+    assert sorted(clean) == ([f"minibatch_fail_{i:03d}" for i in range(6)]
+                             + [f"minibatch_succ_{i:03d}" for i in range(6)])
     assert resumed == clean
 
 

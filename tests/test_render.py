@@ -367,7 +367,7 @@ def test_property_one_line_fields_stay_on_one_line_for_any_reader(task, task_typ
                 "#### Trajectory"]
     for breaks in (_LINE_BREAK, _ANY_BREAK):
         lines = outside_lines(text, breaks)
-        assert len(lines) == len(expected) and all(line.startswith(p) for line, p in zip(lines, expected))
+        assert len(lines) == len(expected) and all(line.startswith(p) for line, p in zip(lines, expected, strict=True))
     assert lines[0] == f"### Trajectory 1 of 1 (id: {inline(run_id)})"
     assert not any(_ANY_BREAK.search(inline(v)) for v in (task, task_type, reason, n_turns, run_id))
 

@@ -567,7 +567,8 @@ def status_of(*statuses: str, dry_run: bool = False, allow_failed: bool = True) 
 
 def test_the_run_fails_when_no_minibatch_made_a_patch_or_a_failure_is_not_allowed():
     status, why = status_of("failed", "not_run", "skipped")
-    assert status == "FAILED" and why.startswith("no minibatch produced a patch (1 failed, 1 not run; first error: boom)")
+    assert status == "FAILED" and why.startswith(
+        "no minibatch produced a patch (1 failed, 1 not run; first error: boom)")
     assert "hydra.run.dir=the-run" in why
     assert status_of("not_run")[0] == "FAILED"
     status, why = status_of("done", "failed", allow_failed=False)

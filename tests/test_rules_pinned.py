@@ -1,8 +1,8 @@
 """Rules that no fast test held before (issue 22): each test here fails when its rule is broken
 (each was checked once by breaking the rule by hand). The cost cap's reservation and its wait,
 a worst case that exactly fits, the run-dir lock, the MLflow status on Ctrl-C and on a crash, a
-sweep parent's status when a job was killed, a worker's bug, the tpm allowance per attempt, the retry time budget, the draw in the fingerprint,
-`failed_calls` per request, and the temporaries of a killed run."""
+sweep parent's status when a job was killed, a worker's bug, the tpm allowance per attempt, the retry
+time budget, the draw in the fingerprint, `failed_calls` per request, and the temporaries of a killed run."""
 
 from __future__ import annotations
 

@@ -292,7 +292,8 @@ def test_cli_never_echoes_credentials_in_base_url(tmp_path, server):
 
 
 def test_cli_nan_threshold_is_an_error(tmp_path, server):
-    proc = cli(tmp_path, "optimizer.model=test", f"optimizer.base_url={server.base_url}", "reflect.success_threshold=nan")
+    proc = cli(tmp_path, "optimizer.model=test", f"optimizer.base_url={server.base_url}",
+               "reflect.success_threshold=nan")
     assert_one_line_error(proc, "reflect.success_threshold")
     assert server.count == 0
 

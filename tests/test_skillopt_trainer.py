@@ -19,8 +19,10 @@ import pytest
 from reflact.testing.optimizer_server import OptimizerServer
 from tests import skillopt_replay as replay
 
-trainer_module = pytest.importorskip("skillopt.engine.trainer")
-base = pytest.importorskip("skillopt.envs.base")
+pytest.importorskip("skillopt.engine.trainer")
+pytest.importorskip("skillopt.envs.base")
+import skillopt.engine.trainer as trainer_module
+import skillopt.envs.base as base
 import skillopt.gradient.reflect as skillopt_reflect
 import skillopt.model.azure_openai as skillopt_openai
 import skillopt.optimizer.skill_aware as skill_aware
@@ -148,7 +150,7 @@ def test_skillopts_trainer_runs_the_same_with_reflact_installed(skillopt_process
         assert our_files[name] == their_files[name], name
     # an item that kept its support through the merge: 1 from SkillOpt's reflect, its minibatch's from reflact's
     pairs = [(o, t) for ours_step, their_step in zip(support_counts(skillopt_process / "reflact"),
-                                                    support_counts(skillopt_process / "skillopt"))
+                                                    support_counts(skillopt_process / "skillopt"), strict=True)
              for o, t in zip(ours_step, their_step, strict=True)]
     assert all(o == t == 0 or (t == 1 and 1 <= o <= ReplayAdapter.minibatch_size) for o, t in pairs)
     assert mode == "full_rewrite_minibatch" or any(o > 1 for o, _ in pairs)

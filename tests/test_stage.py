@@ -79,7 +79,8 @@ def test_order_on_disk_does_not_matter(tmp_path):
     plans = []
     for d in (a, b):
         cfg = make_config(f"data.dir={d}", "optimizer.base_url=http://127.0.0.1:9")
-        plans.append([[r.id for r in mb.results] for mb in plan_minibatches(load_dataset(cfg.data).results, cfg.reflect)])
+        plans.append([[r.id for r in mb.results]
+                      for mb in plan_minibatches(load_dataset(cfg.data).results, cfg.reflect)])
     assert plans[0] == plans[1]
 
 
@@ -93,8 +94,10 @@ def test_success_threshold_and_failure_only(tmp_path):
     base = [f"data.dir={data}", "optimizer.base_url=http://127.0.0.1:9", "reflect.minibatch_size=100"]
     results = load_dataset(make_config(*base).data).results
     assert [mb.group for mb in plan_minibatches(results, make_config(*base).reflect)] == ["failure", "success"]
-    assert [len(mb.results) for mb in plan_minibatches(results, make_config(*base, "reflect.success_threshold=0.6").reflect)] == [8]
-    assert [mb.group for mb in plan_minibatches(results, make_config(*base, "reflect.failure_only=true").reflect)] == ["failure"]
+    assert [len(mb.results)
+            for mb in plan_minibatches(results, make_config(*base, "reflect.success_threshold=0.6").reflect)] == [8]
+    assert [mb.group
+            for mb in plan_minibatches(results, make_config(*base, "reflect.failure_only=true").reflect)] == ["failure"]
 
 
 def test_resume_reuses_matching_patches_and_redoes_stale_ones(tmp_path, server):
@@ -209,7 +212,8 @@ def test_optional_decoding_parameters_are_sent_only_when_set(tmp_path, server):
 def test_results_return_in_deterministic_order_whatever_finishes_first(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=12, n_succ=12)
     # earlier minibatches answer slower, so calls finish in reverse order
-    server.script = lambda r, n: Response(body=chat_body(json.dumps(default_reply(r))), delay_s=max(0.0, 0.3 - 0.05 * n))
+    server.script = lambda r, n: Response(body=chat_body(json.dumps(default_reply(r))),
+                                          delay_s=max(0.0, 0.3 - 0.05 * n))
     outcomes = run_stage(tmp_path, server, data, "reflect.minibatch_size=4", "reflect.workers=6")
     assert [o.tag for o in outcomes] == [f"minibatch_fail_{i:03d}" for i in range(3)] + [
         f"minibatch_succ_{i:03d}" for i in range(3)]

@@ -28,7 +28,7 @@ from tests.conftest import PROJECT, ok, run_cli, start_mlflow_server, stop, summ
 
 MS = (2, 4, 8)
 LS = (1, 2, 4)
-GRID = {(m, l) for m in MS for l in LS}
+GRID = {(m, budget) for m in MS for budget in LS}
 SWEEP_ARGS = ("-m", "+exp=demo", "reflect.minibatch_size=2,4,8", "reflect.edit_budget=1,2,4")
 EXPERIMENT = "reflact-demo"
 SWEEP_ID = "outputs/sweeps/demo"  # hydra.sweep.dir of +exp=demo, relative to the launch dir
@@ -280,14 +280,15 @@ def test_each_job_has_its_own_dir_with_patches(sweeps):
     launch = sweeps["launch"]
     jobs = one_dir_each(sweeps["steps"]["first"]["jobs"])
     children = by_cell(sweeps["steps"]["first"]["mlflow"]["children"])
-    for (m, l), run_dir in jobs.items():
+    for (m, budget), run_dir in jobs.items():
         assert run_dir.parent == launch / SWEEP_ID
-        assert f"reflect.minibatch_size={m}" in run_dir.name and f"reflect.edit_budget={l}" in run_dir.name
+        assert f"reflect.minibatch_size={m}" in run_dir.name and f"reflect.edit_budget={budget}" in run_dir.name
         patches = sorted((run_dir / "patches").glob("*.json"))
-        assert len(patches) == children[(m, l)]["metrics"]["minibatches"]
-        assert Path(children[(m, l)]["tags"]["reflact.run_dir"]).resolve() == run_dir.resolve()
+        assert len(patches) == children[(m, budget)]["metrics"]["minibatches"]
+        assert Path(children[(m, budget)]["tags"]["reflact.run_dir"]).resolve() == run_dir.resolve()
         # the child's artifacts hold the same patches
-        assert sweeps["steps"]["first"]["mlflow"]["child_patches"][(m, l)] == {f"patches/{p.name}" for p in patches}
+        assert (sweeps["steps"]["first"]["mlflow"]["child_patches"][(m, budget)]
+                == {f"patches/{p.name}" for p in patches})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,8 +477,8 @@ def test_demo_grid_preset_composes_a_sweep_over_m_l_and_seed():
     jobs = [tuple(sorted(job)) for batch in batches for job in batch]
     assert len(jobs) == 27 == len(set(jobs))
     expected = {
-        tuple(sorted((f"reflect.minibatch_size={m}", f"reflect.edit_budget={l}", f"reflect.seed={s}")))
-        for m, l, s in itertools.product(MS, LS, (1, 2, 3))
+        tuple(sorted((f"reflect.minibatch_size={m}", f"reflect.edit_budget={budget}", f"reflect.seed={s}")))
+        for m, budget, s in itertools.product(MS, LS, (1, 2, 3))
     }
     assert set(jobs) == expected
 
@@ -538,8 +539,8 @@ def test_a_failed_job_lets_the_others_run_and_a_fixed_rerun_resumes(tmp_path, la
     with open(sweep_dir / "report" / "grid.csv", newline="", encoding="utf-8") as handle:
         grid = {int(r["L"]): r for r in csv.DictReader(handle)}
     assert (grid[1]["finished"], grid[1]["failed"], grid[1]["edits_kept_mean"]) == ("0", "1", "")
-    assert all(grid[l]["finished"] == "1" and float(grid[l]["edits_kept_mean"]) > 0 for l in (2, 3, 4))
-    assert all(float(grid[l]["apply_share_mean"]) == 1.0 for l in (2, 3, 4))  # every test edit applies
+    assert all(grid[budget]["finished"] == "1" and float(grid[budget]["edits_kept_mean"]) > 0 for budget in (2, 3, 4))
+    assert all(float(grid[budget]["apply_share_mean"]) == 1.0 for budget in (2, 3, 4))  # every test edit applies
     assert "| 0/1/0 | – | failed |" in (sweep_dir / "report" / "grid.md").read_text(encoding="utf-8")
     dirs = sorted(p.name for p in sweep_dir.iterdir() if (p / "summary.json").is_file())
 

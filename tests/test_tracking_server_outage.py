@@ -127,7 +127,8 @@ def test_a_sweep_survives_its_tracking_server_restarted_mid_sweep(tmp_path, post
     try:
         with OptimizerServer(script=slow) as optimizer:
             sweep = subprocess.Popen(
-                [sys.executable, "-m", "reflact.run", "-m", f"data.dir={data}", f"optimizer.base_url={optimizer.base_url}",
+                [sys.executable, "-m", "reflact.run", "-m", f"data.dir={data}",
+                 f"optimizer.base_url={optimizer.base_url}",
                  "optimizer.model=test", "reflect.minibatch_size=2", "reflect.workers=1", "reflect.edit_budget=1,2,3,4",
                  "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"mlflow.tracking_uri={uri}",
                  "mlflow.deadline_s=180", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
