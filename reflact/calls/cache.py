@@ -8,7 +8,7 @@ may share the file; sqlite's own locking keeps it whole.
 The cache is an optimisation, never a reason to stop or to lose a paid reply: a file that cannot
 be opened (a folder, not a database), a write that finds the file locked past `timeout_s`, any
 database error later, and the run goes on without a cache after one warning. An entry that does
-not read back (as a JSON object; for the client, as a reply: `reply_entry`) is a miss.
+not read back (as a JSON object; for the client, as a reply: `cached_reply`) is a miss.
 """
 
 from __future__ import annotations
@@ -18,13 +18,16 @@ import json
 import logging
 import sqlite3
 import threading
+import time
+from dataclasses import asdict, fields
 from pathlib import Path
 
+from reflact.calls.protocol import Reply, Usage
 from reflact.config import CacheMode
 from reflact.files import repair_text
 
 log = logging.getLogger("reflact")
-_USAGE = {"prompt", "cached", "completion", "reasoning"}
+_USAGE = {f.name for f in fields(Usage)}
 
 
 def cache_key(request: dict) -> str:
@@ -40,7 +43,34 @@ def _entry(row: tuple | None) -> dict | None:
     return entry if isinstance(entry, dict) else None
 
 
-def reply_entry(entry: dict | None) -> dict | None:
+def cache_entry(reply: Reply) -> dict:
+    """What the cache keeps of a reply (cached_reply reads it back)."""
+    return {
+        "text": reply.text,
+        "finish_reason": reply.finish_reason,
+        "structured": reply.structured,
+        "usage": asdict(reply.usage),
+    }
+
+
+def cached_reply(entry: dict | None, key: str) -> Reply | None:
+    """A stored chat reply, free and started now; None (a miss) when the entry is not one."""
+    hit = _reply_entry(entry)
+    if hit is None:
+        return None
+    return Reply(
+        hit["text"],
+        hit["finish_reason"],
+        Usage(**hit.get("usage", {})),
+        0.0,
+        from_cache=True,
+        structured=hit.get("structured", "off"),
+        started_at=time.time(),
+        cache_key=key,
+    )
+
+
+def _reply_entry(entry: dict | None) -> dict | None:
     """A stored chat reply as the client reads it, or None (a miss) when it is not one."""
     if entry is None or not isinstance(entry.get("text"), str):
         return None

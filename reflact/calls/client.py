@@ -19,7 +19,6 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +34,10 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from reflact.calls.cache import ResponseCache, cache_key, reply_entry
+from reflact.calls.cache import ResponseCache, cache_entry, cache_key, cached_reply
 from reflact.calls.completion import Completion, MalformedReply, read_completion
 from reflact.calls.deferred import api_key
-from reflact.calls.protocol import CallError, Reply, Usage, estimate_tokens
+from reflact.calls.protocol import CallError, Reply, estimate_tokens
 from reflact.calls.ratelimit import RateLimiter
 from reflact.config import CacheMode, OptimizerConfig, Provider, StructuredOutput
 from reflact.imports import resolve_lazy
@@ -231,9 +230,9 @@ class OptimizerClient:
                     "structured_output": self.cfg.structured_output.value,
                 }
             )
-            hit = reply_entry(self.cache.get(key))
+            hit = cached_reply(self.cache.get(key), key)
             if hit is not None:
-                return cached_reply(hit, key)
+                return hit
         reply = self._call_with_retries(logical, schema, estimate_tokens(messages) + max_output_tokens, label)
         reply.cache_key = key
         if self.cache:
@@ -361,30 +360,6 @@ def response_format_for(
             "json_schema": {"name": "reflect_reply", "schema": schema, "strict": False},
         }
     return "off", None
-
-
-def cached_reply(hit: dict, key: str) -> Reply:
-    """A reply from the cache: free, and started now."""
-    return Reply(
-        hit["text"],
-        hit["finish_reason"],
-        Usage(**hit.get("usage", {})),
-        0.0,
-        from_cache=True,
-        structured=hit.get("structured", "off"),
-        started_at=time.time(),
-        cache_key=key,
-    )
-
-
-def cache_entry(reply: Reply) -> dict:
-    """What the cache keeps of a reply (cached_reply reads it back)."""
-    return {
-        "text": reply.text,
-        "finish_reason": reply.finish_reason,
-        "structured": reply.structured,
-        "usage": asdict(reply.usage),
-    }
 
 
 def endpoint_of(cfg: OptimizerConfig, sdk: Any) -> dict:

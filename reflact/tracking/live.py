@@ -58,7 +58,6 @@ class LiveRun:
         self.uri = tracking_uri(context.cfg, context.launch_dir)
         self.finished = False
         self._tracker = TrackerProcess(Start(context, self.uri))
-        self._tracker.spawn(urlsplit(self.uri).scheme or "file")
         self._lock = threading.Lock()
         self._patches: dict[str, str] = {}  # tag -> the patch's fingerprint, or the minibatch's status
 
@@ -144,11 +143,8 @@ class TrackerProcess:
         self._ready = False  # the tracker has imported mlflow, or found the store failing
         self._answered = 0.0  # monotonic: the store's last answer, as the tracker reported it
         self._failing = False  # the store's last answer was a failure
-
-    def spawn(self, scheme: str) -> None:
-        """The process, importing what a store of `scheme` needs until the run's first event."""
-        try:
-            self._proc = _spawn(scheme)
+        try:  # at once: it imports what its store needs while the run starts, told nothing yet
+            self._proc = _spawn(urlsplit(start.uri).scheme or "file")
         except OSError as exc:
             self._failure = f"the tracker process did not start: {exc}"
             self._done.set()
