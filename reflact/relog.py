@@ -47,8 +47,7 @@ def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | No
             run_id = mirror.open()
             mirror.write(_events(rd, summary, outcomes))
             if context.cfg.mlflow.trace_calls:
-                for event in _requests(rd):
-                    mirror.store.trace(event, context.cfg.optimizer.model)
+                mirror.store.traces(_requests(rd), context.cfg.optimizer.model)
             mirror.end(summary, status, int(summary.get("times", {}).get("ended_at", time.time()) * 1000))
     except Exception as exc:  # the store's failure, in one line
         log.warning("MLflow logging to %s failed: %s", uri, one_line(exc))

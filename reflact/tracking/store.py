@@ -8,6 +8,7 @@ own thread while the first calls are in flight.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import getpass
 import hashlib
@@ -45,6 +46,7 @@ ANALYSIS_METRICS = (
     "analysis_tokens",
     "analysis_cost_usd",
 )
+TRACE_BATCH = 100  # traces per write: the most MLflow links to a run in one request
 
 
 def default_tracking_uri(launch_dir: Path) -> str:
@@ -163,11 +165,13 @@ class Store:
     def __init__(self, uri: str, experiment: str, launch_dir: Path) -> None:
         mlflow_defaults()
         with one_at_a_time():
+            from mlflow.tracing.client import TracingClient
             from mlflow.tracking import MlflowClient
 
         self.uri = uri
         with first_use(uri):  # making the client may migrate the store already
             self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+            self._tracing = TracingClient(uri)
             self.experiment_id = experiment_id(self.client, experiment, uri, launch_dir)
         self.run_id = ""
         self._artifact_dir: Path | None = None
@@ -274,10 +278,20 @@ class Store:
         except Exception:  # not registered yet
             return None
 
-    def trace(self, event, model: str) -> None:
-        """One request as an MLflow trace, linked to the run: the exact messages, the reply or the
-        error, tokens, latency, retries and whether the cache answered."""
-        write_trace(self.client, self.experiment_id, self.run_id, event, model)
+    def traces(self, events: list, model: str) -> None:
+        """Requests as MLflow traces linked to the run, TRACE_BATCH at a time: the exact messages,
+        the reply or the error, tokens, latency, retries and whether the cache answered. A store
+        that keeps no spans itself (a file store) gets them one at a time, the slow way."""
+        for start in range(0, len(events), TRACE_BATCH):
+            batch = events[start : start + TRACE_BATCH]
+            try:
+                spans = [trace_span(self.run_id, self.experiment_id, event, model) for event in batch]
+                self._tracing.log_spans(self.experiment_id, spans)
+            except NotImplementedError:
+                for event in batch:
+                    write_trace(self.client, self.experiment_id, self.run_id, event, model)
+                continue
+            self.client.link_traces_to_run([span.trace_id for span in spans], self.run_id)
 
     def traced_requests(self) -> set[tuple[str, str]]:
         """(minibatch, request number) of every trace the store holds for the run."""
@@ -302,8 +316,68 @@ class Store:
         self.client.set_terminated(self.run_id, status, end_time=end_ms)
 
 
+def trace_span(run_id: str, experiment_id: str, event, model: str):
+    """One request as the root span of a trace of its own, built as a finished span: written with
+    other traces in one log_spans call (~5 ms a trace, where MLflow's tracer takes ~35 ms: a write
+    for the span, another for the trace). Its ids follow from the run and the request, so a batch
+    written again after a failure replaces its traces rather than adding copies."""
+    with one_at_a_time():
+        from mlflow.entities import Span
+
+    digest = hashlib.sha256(f"{run_id}/{event.tag}/{event.number}".encode()).digest()
+    reply = event.reply
+    started = reply.started_at if reply is not None else event.ended_at
+    ended = started + reply.latency_s if reply is not None else event.ended_at
+    attributes = {
+        "mlflow.traceRequestId": "tr-" + digest[:16].hex(),
+        "mlflow.experimentId": experiment_id,
+        "mlflow.spanType": "LLM",
+        "mlflow.spanInputs": {"messages": event.messages},
+        "mlflow.traceTag.mlflow.traceName": event.tag,
+        "mlflow.traceTag.reflact.minibatch": event.tag,
+        "mlflow.traceTag.reflact.request": str(event.number),
+        "model": model,
+        "request": event.number,
+        **(_reply_attributes(event) if reply is not None else {"mlflow.spanOutputs": {"error": event.error}}),
+    }
+    return Span.from_dict(
+        {
+            "trace_id": base64.b64encode(digest[:16]).decode(),
+            "span_id": base64.b64encode(digest[16:24]).decode(),
+            "parent_span_id": None,
+            "name": event.tag,
+            "start_time_unix_nano": int(started * 1e9),
+            "end_time_unix_nano": int(ended * 1e9),
+            "status": {"code": "STATUS_CODE_OK" if reply is not None else "STATUS_CODE_ERROR", "message": ""},
+            "attributes": {key: json.dumps(value, ensure_ascii=False) for key, value in attributes.items()},
+        }
+    )
+
+
+def _reply_attributes(event) -> dict:
+    reply = event.reply
+    usage = asdict(reply.usage)
+    return {
+        "mlflow.spanOutputs": {"reply": reply.text},
+        # MLflow's own token columns (the traces table shows them)
+        "mlflow.chat.tokenUsage": {
+            "input_tokens": usage["prompt"],
+            "output_tokens": usage["completion"],
+            "total_tokens": usage["prompt"] + usage["completion"],
+        },
+        **{f"tokens_{k}": v for k, v in usage.items()},
+        "latency_s": round(reply.latency_s, 3),
+        "retries": reply.retries,
+        "from_cache": reply.from_cache,
+        "finish_reason": reply.finish_reason or "",
+        "structured_output": reply.structured,
+        "cost_usd": event.cost_usd,
+    }
+
+
 def write_trace(client, experiment_id: str, run_id: str, event, model: str) -> None:
-    """Store.trace's work: one span, opened with the request and ended with its reply or error."""
+    """One trace through MLflow's tracer (for a store without log_spans): the span opened with the
+    request and ended with its reply or error, with trace_span's attributes."""
     reply = event.reply
     started = reply.started_at if reply is not None else event.ended_at
     span = client.start_trace(
@@ -321,20 +395,10 @@ def write_trace(client, experiment_id: str, run_id: str, event, model: str) -> N
             span.trace_id, outputs={"error": event.error}, status="ERROR", end_time_ns=int(event.ended_at * 1e9)
         )
         return
-    attributes = {f"tokens_{k}": v for k, v in asdict(reply.usage).items()}
-    attributes.update(
-        {
-            "latency_s": round(reply.latency_s, 3),
-            "retries": reply.retries,
-            "from_cache": reply.from_cache,
-            "finish_reason": reply.finish_reason or "",
-            "structured_output": reply.structured,
-            "cost_usd": event.cost_usd,
-        }
-    )
+    attributes = _reply_attributes(event)
     client.end_trace(
         span.trace_id,
-        outputs={"reply": reply.text},
+        outputs=attributes.pop("mlflow.spanOutputs"),
         attributes=attributes,
         end_time_ns=int((started + reply.latency_s) * 1e9),
     )

@@ -3,7 +3,7 @@
 It reads pickled messages on stdin (the run's context first, then the stage's events, then the
 end) and answers JSON lines on stdout (the run's id, log lines, and when it is done). Being a
 process of its own, a tracking server that hangs can hold nothing of the run: the run waits for
-it at most `mlflow.deadline_s` at its end, then stops it. MLflow's CPU work (a trace is ~25 ms)
+it at most `mlflow.deadline_s` at its end, then stops it. MLflow's CPU work
 runs beside the stage for real, not on a thread that shares its interpreter.
 
 A write that fails is retried with backoff while the run goes on; the events stay queued, so
@@ -109,10 +109,9 @@ class Tracker:
             self.send({"run_id": run_id})
             self.mirror = mirror
         if self.context.cfg.mlflow.trace_calls:
-            for event in self.replied:
-                if (event.tag, event.number) not in self.traced:
-                    self.mirror.store.trace(event, self.context.cfg.optimizer.model)
-                    self.traced.add((event.tag, event.number))
+            new = [event for event in self.replied if (event.tag, event.number) not in self.traced]
+            self.mirror.store.traces(new, self.context.cfg.optimizer.model)
+            self.traced.update((event.tag, event.number) for event in new)
         if self.pending:
             self.mirror.write(self.pending)
             self.pending = []
@@ -154,9 +153,8 @@ class Tracker:
     def _resend_lost_traces(self) -> None:
         assert self.mirror is not None
         present = self.mirror.store.traced_requests()
-        for event in self.replied:
-            if (event.tag, str(event.number)) not in present:
-                self.mirror.store.trace(event, self.context.cfg.optimizer.model)
+        lost = [event for event in self.replied if (event.tag, str(event.number)) not in present]
+        self.mirror.store.traces(lost, self.context.cfg.optimizer.model)
 
 
 class Answering:
