@@ -24,7 +24,7 @@ from reflact.running.events import Replied
 from reflact.running.rundir import RunDir, locked
 from reflact.running.stage import Stage
 from reflact.running.summary import run_status, summarize, usd
-from reflact.tracking.live import LiveRun
+from reflact.tracking.live import LiveRun, SpareTracker
 from reflact.tracking.mirror import RunContext
 
 log = logging.getLogger("reflact")
@@ -39,6 +39,7 @@ class Launch:
     job: int | None = None  # the job's number in a sweep
     overrides: tuple[str, ...] = ()
     record_config: Callable[[], None] | None = None  # writes .hydra/ once the inputs passed their checks
+    tracker: SpareTracker | None = None  # a tracker process the command line started already
 
 
 @dataclass
@@ -93,7 +94,7 @@ def _tracker(cfg: ReflactConfig, params: dict[str, str], stage: Stage, launch: L
         sweep_dir=launch.sweep_dir,
         job=launch.job,
     )
-    tracker = LiveRun(context)
+    tracker = LiveRun(context, launch.tracker.take() if launch.tracker is not None else None)
     stage.observe(tracker)
     return tracker
 

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -22,8 +23,11 @@ from reflact import config, shipped, usage
 from reflact.errors import RunFailed, exits_on_user_error, fails_the_job, raise_stopped_on_sigterm, warnings_to_run_log
 from reflact.imports import one_at_a_time
 
+if TYPE_CHECKING:
+    from reflact.tracking.live import SpareTracker
 
-def _job(dict_cfg: DictConfig) -> float | None:
+
+def _job(dict_cfg: DictConfig, spare: SpareTracker | None = None) -> float | None:
     with one_at_a_time():
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
@@ -34,20 +38,20 @@ def _job(dict_cfg: DictConfig) -> float | None:
     # inside the job too: Hydra would wrap a mistake in its own report; in a sweep a failed job
     # is the sweep's to record (reflact.sweeps.sweep), so that the other jobs still run
     job = exits_on_user_error(fails_the_job(_run) if multirun else _run_fresh)
-    return job(dict_cfg, hc, multirun)
+    return job(dict_cfg, hc, multirun, spare)
 
 
-def _run_fresh(dict_cfg: DictConfig, hc: DictConfig, multirun: bool) -> float | None:
+def _run_fresh(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker | None) -> float | None:
     """A single run: the run dir Hydra made for it goes again when a mistake stops it."""
     from reflact.running.newdir import FRESH_ENV, discarded_on_mistake
 
     made = os.environ.get(FRESH_ENV)
     # Hydra's own log file is all a fresh run dir holds before the run writes anything
     with discarded_on_mistake(Path(hc.runtime.output_dir), Path(made) if made else None, {f"{hc.job.name}.log"}):
-        return _run(dict_cfg, hc, multirun)
+        return _run(dict_cfg, hc, multirun, spare)
 
 
-def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool) -> float | None:
+def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker | None = None) -> float | None:
     from reflact.api import run
     from reflact.experiment import Launch
     from reflact.running.summary import optimized_value
@@ -60,6 +64,7 @@ def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool) -> float | None:
         hc.job.num if multirun else None,
         tuple(hc.overrides.task),
         record_config=lambda: _record_config(dict_cfg, hc, run_dir),
+        tracker=spare,
     )
     result = run(cfg, params, run_dir, launch)
     if result.status == "FAILED":
@@ -105,11 +110,29 @@ def _main() -> None:
     if usage.wanted(sys.argv[1:]):
         print(usage.help_text(sys.argv[1:]))
         return
-    # decorated here, not at import: Hydra 1.4 warns about version_base as it decorates, and only
-    # now do warnings go to the log (exits_on_user_error)
-    job = hydra.main(config_path=str(shipped.conf_dir()), config_name="config", version_base="1.3")(_job)
-    with callbacks_allowed(), _mode_from_command_line():
-        job()
+    spare = _spare_tracker(sys.argv[1:])
+    try:
+        # decorated here, not at import: Hydra 1.4 warns about version_base as it decorates, and
+        # only now do warnings go to the log (exits_on_user_error)
+        job = hydra.main(config_path=str(shipped.conf_dir()), config_name="config", version_base="1.3")(
+            lambda dict_cfg: _job(dict_cfg, spare)
+        )
+        with callbacks_allowed(), _mode_from_command_line():
+            job()
+    finally:
+        if spare is not None:
+            spare.discard()  # not taken: the run needed no tracking
+
+
+def _spare_tracker(args: list[str]) -> SpareTracker | None:
+    """A single run's tracker process, started before Hydra composes (reflact.tracking.live); a
+    sweep's jobs start their own, and a command line that turns MLflow off needs none."""
+    multirun = any(arg in ("-m", "--multirun") or arg.startswith("hydra.mode=") for arg in args)
+    if multirun or "mlflow.enabled=false" in args:
+        return None
+    from reflact.tracking.live import SpareTracker
+
+    return SpareTracker()
 
 
 # the callbacks conf/hydra/reflact.yaml names, the only targets Hydra instantiates for reflact

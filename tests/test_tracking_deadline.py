@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -124,10 +125,10 @@ def test_a_local_sqlite_store_is_waited_for_longer_than_a_server():
     assert busy_allowance("sqlite:////launch/outputs/mlflow.db", 300.0) == 300.0
 
 
-def test_the_tracker_process_is_told_the_stores_scheme_only(tmp_path, server, monkeypatch):
+def test_the_tracker_process_starts_with_the_run_and_its_command_line_names_no_store(tmp_path, server, monkeypatch):
     """The tracker starts with the run, before its first request (mlflow's import overlaps the
-    run's own start) and before the store's URI reaches it through its pipe: its command line
-    (which `ps` shows every user) names the scheme alone, not the store's address."""
+    run's own start); the store's scheme, then its URI, reach it through its pipe: its command
+    line (which `ps` shows every user) names nothing of the store."""
     import reflact
     from reflact.tracking import live
 
@@ -153,6 +154,46 @@ def test_the_tracker_process_is_told_the_stores_scheme_only(tmp_path, server, mo
                                                 "optimizer.model=test", f"mlflow.tracking_uri={uri}",
                                                 "mlflow.deadline_s=1"], run_dir=tmp_path / "run", launch_dir=tmp_path)
     assert done.status == "FINISHED"
-    assert [args[-2:] for args in started] == [["reflact.tracking.worker", "http"]]
-    assert not [arg for arg in started[0] if uri.split("//")[1] in arg]
+    assert [args[-1] for args in started] == ["reflact.tracking.worker"]
+    assert not [arg for arg in started[0] if "http" in arg or uri.split("//")[1] in arg]
     assert trackers_at_request == [1]
+
+
+def _trackers_marked(mark: str) -> list[int]:
+    """The live tracker processes whose environment holds `mark` (processes of this test alone)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        if b"reflact.tracking.worker" in cmdline and mark.encode() in environ and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
+@pytest.mark.parametrize(
+    "how",
+    [
+        pytest.param(["reflect.minibatch_size=0"], id="a mistake"),
+        pytest.param(["mlflow.enabled=false"], id="mlflow off"),
+        pytest.param(["--cfg", "job"], id="--cfg"),
+        pytest.param(["hydra/job_logging=nonexistent"], id="a config Hydra refuses"),
+    ],
+)
+def test_the_command_line_leaves_no_tracker_process_behind(tmp_path, server, how):
+    """The command line starts a tracker process before Hydra composes; a run that needs none
+    (MLflow off, a config printed, a mistake found) ends it too."""
+    mark = f"reflact-test-{uuid.uuid4().hex}"
+    data = write_dataset(tmp_path / "data", n_fail=2, n_succ=0)
+    args = [f"data.dir={data}", "optimizer=compatible", f"optimizer.base_url={server.base_url}",
+            "optimizer.model=test", f"hydra.run.dir={tmp_path / 'run'}", *how]
+    done = run_cli(*args, cwd=tmp_path, env={"REFLACT_TEST_MARK": mark})
+    assert done.returncode in (0, 2), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert _trackers_marked(mark) == []

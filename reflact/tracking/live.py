@@ -8,9 +8,10 @@ No call ever waits on it. At the end the run waits for it at most `mlflow.deadli
 that is down, frozen or never answers then costs one warning, and the run dir (which holds
 every request's trace record too) is logged later by `python -m reflact.relog`.
 
-The process starts with the run and imports mlflow beside the run's own start; it hears of the
-run with the first request. A rerun that makes none and finds its MLflow run already holding
-the same patches under the same settings leaves that run as it is (the process is stopped).
+The process starts with the run (the command line starts it even before Hydra composes the
+config) and imports mlflow beside the run's own start; it hears of the run with the first
+request. A rerun that makes none and finds its MLflow run already holding the same patches under
+the same settings leaves that run as it is (the process is stopped).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from reflact.running.events import CallStarted, MinibatchEnded, Replied
 from reflact.running.rundir import append_trace
 from reflact.tracking.mirror import RunContext
 from reflact.tracking.store import tracking_uri
-from reflact.tracking.worker import End, Start
+from reflact.tracking.worker import End, Scheme, Start
 
 log = logging.getLogger("reflact")
 SAVED: dict = {}  # stands for a saved patch in the queue
@@ -53,11 +54,11 @@ LOCAL_STORE_S = 120.0
 class LiveRun:
     """The observer. `finish` ends the MLflow run and returns its id (None when nothing was logged)."""
 
-    def __init__(self, context: RunContext) -> None:
+    def __init__(self, context: RunContext, process: subprocess.Popen | None = None) -> None:
         self.context = context
         self.uri = tracking_uri(context.cfg, context.launch_dir)
         self.finished = False
-        self._tracker = TrackerProcess(Start(context, self.uri))
+        self._tracker = TrackerProcess(Start(context, self.uri), process)
         self._lock = threading.Lock()
         self._patches: dict[str, str] = {}  # tag -> the patch's fingerprint, or the minibatch's status
 
@@ -131,7 +132,8 @@ class TrackerProcess:
     """The tracker process (reflact.tracking.worker) and the run's side of its pipes: a feeder
     thread pickling the outbox down its stdin, a listener thread reading its answers."""
 
-    def __init__(self, start: Start) -> None:
+    def __init__(self, start: Start, process: subprocess.Popen | None = None) -> None:
+        """`process`: one started already (SpareTracker), else started now."""
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.run_id: str | None = None
         self.started = False
@@ -143,8 +145,9 @@ class TrackerProcess:
         self._ready = False  # the tracker has imported mlflow, or found the store failing
         self._answered = 0.0  # monotonic: the store's last answer, as the tracker reported it
         self._failing = False  # the store's last answer was a failure
-        try:  # at once: it imports what its store needs while the run starts, told nothing yet
-            self._proc = _spawn(urlsplit(start.uri).scheme or "file")
+        try:  # at once: it imports what its store needs while the run starts
+            self._proc = process or _spawn()
+            _write(self._proc, Scheme(urlsplit(start.uri).scheme or "file"))
         except OSError as exc:
             self._failure = f"the tracker process did not start: {exc}"
             self._done.set()
@@ -194,10 +197,7 @@ class TrackerProcess:
         message: object = self._first
         try:
             while True:
-                assert proc.stdin is not None
-                frame = pickle.dumps(message)  # framed: the tracker reads bytes on one thread, unpickles on another
-                proc.stdin.write(len(frame).to_bytes(8, "big") + frame)
-                proc.stdin.flush()
+                _write(proc, message)
                 if isinstance(message, End):
                     return
                 message = self.outbox.get()
@@ -272,15 +272,46 @@ def trace_record(event: Replied) -> dict:
     }
 
 
-def _spawn(scheme: str) -> subprocess.Popen:
+class SpareTracker:
+    """A tracker process the command line starts before Hydra composes the config, so that it
+    imports mlflow beside the run's own start (~0.7 s earlier than the run could start it). The
+    run takes it (`take`); one that was not taken (MLflow off, `--cfg`, a mistake) is stopped."""
+
+    def __init__(self) -> None:
+        try:
+            self._proc: subprocess.Popen | None = _spawn()
+        except OSError:  # the run starts its own, and says why that failed
+            self._proc = None
+
+    def take(self) -> subprocess.Popen | None:
+        proc, self._proc = self._proc, None
+        return proc
+
+    def discard(self) -> None:
+        proc = self.take()
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+
+
+def _write(proc: subprocess.Popen, message: object) -> None:
+    """One message down the tracker's stdin, framed: the tracker reads bytes on one thread and
+    unpickles them on another."""
+    assert proc.stdin is not None
+    frame = pickle.dumps(message)
+    proc.stdin.write(len(frame).to_bytes(8, "big") + frame)
+    proc.stdin.flush()
+
+
+def _spawn() -> subprocess.Popen:
     """The tracker process, importing this very reflact; its own session, so a terminal's signals
-    reach only the run (which ends the MLflow run through the pipe). Only the store's scheme is on
-    its command line: a database URI may hold a password."""
+    reach only the run (which ends the MLflow run through the pipe). Nothing is on its command
+    line: a database URI may hold a password."""
     env = dict(os.environ)
     root = str(Path(reflact.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     return subprocess.Popen(
-        [sys.executable, "-m", "reflact.tracking.worker", scheme],
+        [sys.executable, "-m", "reflact.tracking.worker"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=env,

@@ -1,10 +1,12 @@
 """The tracker process: `python -m reflact.tracking.worker`, started by reflact.tracking.live.
 
-It reads pickled messages on stdin (the run's context first, then the stage's events, then the
-end) and answers JSON lines on stdout (the run's id, log lines, and when it is done). Being a
-process of its own, a tracking server that hangs can hold nothing of the run: the run waits for
-it at most `mlflow.deadline_s` at its end, then stops it. MLflow's CPU work
-runs beside the stage for real, not on a thread that shares its interpreter.
+It reads pickled messages on stdin (the store's scheme first, then the run's context, then the
+stage's events, then the end) and answers JSON lines on stdout (the run's id, log lines, and
+when it is done). Being a process of its own, a tracking server that hangs can hold nothing of
+the run: the run waits for it at most `mlflow.deadline_s` at its end, then stops it. MLflow's
+CPU work runs beside the stage for real, not on a thread that shares its interpreter. The
+command line starts it before Hydra composes the run's config, so that importing mlflow
+(seconds) overlaps the run's own start; it is told the store's scheme once that is known.
 
 A write that fails is retried with backoff while the run goes on; the events stay queued, so
 once the store answers again the MLflow run catches up (metrics, files, every trace) and ends
@@ -42,6 +44,14 @@ LAST_RETRY_S = 8.0
 PROBE_S = 2.0  # the first look at an HTTP tracking server
 SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")  # the stores MLflow keeps with SQLAlchemy
 ORPHAN_S = 10.0  # a tracker whose run was killed ends its MLflow run KILLED within this
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """The first message: the store's kind (its URI's scheme), so that the process imports what
+    writing to it needs; the address itself comes with Start."""
+
+    name: str
 
 
 @dataclass(frozen=True)
@@ -177,11 +187,11 @@ class Answering:
         return answered
 
 
-def serve(inbox: queue.SimpleQueue, send, scheme: str) -> None:
+def serve(inbox: queue.SimpleQueue, send) -> None:
     """The tracker's loop: batches of events written as they come, retried while the store fails.
     This thread alone imports (holding the lock throughout); the inbox thread only reads bytes."""
     with one_at_a_time():
-        _serve(_Messages(inbox), send, scheme)
+        _serve(_Messages(inbox), send)
 
 
 class _Messages:
@@ -196,8 +206,12 @@ class _Messages:
         return pickle.loads(frame) if frame else End(None, "KILLED", "", ORPHAN_S)
 
 
-def _serve(inbox: _Messages, send, scheme: str) -> None:
-    _warm(scheme)
+def _serve(inbox: _Messages, send) -> None:
+    _warm()
+    scheme = inbox.get()
+    if not isinstance(scheme, Scheme):  # stopped before its run was known
+        return
+    _warm(scheme.name)
     start = inbox.get()
     if not isinstance(start, Start):  # the run ended needing no tracking
         return
@@ -217,9 +231,10 @@ def _serve(inbox: _Messages, send, scheme: str) -> None:
             tracker.attempt()
 
 
-def _warm(scheme: str) -> None:
+def _warm(scheme: str = "") -> None:
     """What writing to a store of `scheme` imports (seconds of CPU), loaded while the run starts
-    and before its first event: only the store's own work is left for the run's calls to overlap."""
+    and before its first event: only the store's own work is left for the run's calls to overlap.
+    MLflow's client first, which every store needs, while the run has yet to compose its config."""
     mlflow_defaults()
     with one_at_a_time():
         import mlflow.tracking  # noqa: F401
@@ -297,7 +312,7 @@ def main() -> int:
     log.propagate = False
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_read, args=(sys.stdin.buffer, inbox), name="reflact-inbox", daemon=True).start()
-    serve(inbox, send, sys.argv[1] if len(sys.argv) > 1 else "")
+    serve(inbox, send)
     return 0
 
 
