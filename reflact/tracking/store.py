@@ -175,6 +175,8 @@ class Store:
             self.experiment_id = experiment_id(self.client, experiment, uri, launch_dir)
         self.run_id = ""
         self._artifact_dir: Path | None = None
+        # traces went through MLflow's tracer, whose failed exports it only logs: to be checked
+        self.tracer_used = False
 
     def retire(self, run_dir: Path) -> None:
         """Ends and deletes every active run logged for `run_dir` before (a rerun replaces its run,
@@ -288,6 +290,7 @@ class Store:
                 spans = [trace_span(self.run_id, self.experiment_id, event, model) for event in batch]
                 self._tracing.log_spans(self.experiment_id, spans)
             except NotImplementedError:
+                self.tracer_used = True
                 for event in batch:
                     write_trace(self.client, self.experiment_id, self.run_id, event, model)
                 continue

@@ -38,7 +38,9 @@ from reflact.tracking.mirror import Mirror, RunContext
 from reflact.tracking.store import Store, mlflow_defaults, mlflow_globals_at
 
 log = logging.getLogger("reflact")
-BATCH_S = 0.5  # events written together: one metrics request per batch, not per minibatch
+# events written together: one metrics request per batch, not per minibatch; short, so that the
+# last replies' traces are written while the run writes its summary
+BATCH_S = 0.1
 FIRST_RETRY_S = 0.5  # then doubling, up to LAST_RETRY_S, while the store does not answer
 LAST_RETRY_S = 8.0
 PROBE_S = 2.0  # the first look at an HTTP tracking server
@@ -139,15 +141,15 @@ class Tracker:
         return True
 
     def end(self, end: End) -> str:
-        """Catches up, checks every trace reached the store (MLflow only logs a failed trace
-        export), ends the run; retried until the store has not answered for the deadline. An
-        empty answer when it ended, else the last failure."""
+        """Catches up, checks every trace reached the store when MLflow's tracer wrote them (it
+        only logs a failed export), ends the run; retried until the store has not answered for the
+        deadline. An empty answer when it ended, else the last failure."""
         self.backoff.answered_at = time.monotonic()  # the store gets the deadline from the run's end on
         while True:
             try:
                 self.flush()
                 assert self.mirror is not None  # flush opened it
-                if self.context.cfg.mlflow.trace_calls:
+                if self.mirror.store.tracer_used:  # a write of our own raises when it fails
                     self._resend_lost_traces()
                 self.mirror.end(end.summary, end.status)
                 record = {"run_id": self.mirror.store.run_id, "tracking_uri": self.uri, "status": end.status}
