@@ -281,20 +281,8 @@ class Store:
             return None
 
     def traces(self, events: list, model: str) -> None:
-        """Requests as MLflow traces linked to the run, TRACE_BATCH at a time: the exact messages,
-        the reply or the error, tokens, latency, retries and whether the cache answered. A store
-        that keeps no spans itself (a file store) gets them one at a time, the slow way."""
-        for start in range(0, len(events), TRACE_BATCH):
-            batch = events[start : start + TRACE_BATCH]
-            try:
-                spans = [trace_span(self.run_id, self.experiment_id, event, model) for event in batch]
-                self._tracing.log_spans(self.experiment_id, spans)
-            except NotImplementedError:
-                self.tracer_used = True
-                for event in batch:
-                    write_trace(self.client, self.experiment_id, self.run_id, event, model)
-                continue
-            self.client.link_traces_to_run([span.trace_id for span in spans], self.run_id)
+        """Requests as MLflow traces linked to the run (log_traces)."""
+        self.tracer_used |= log_traces(self.client, self._tracing, self.experiment_id, self.run_id, events, model)
 
     def traced_requests(self) -> set[tuple[str, str]]:
         """(minibatch, request number) of every trace the store holds for the run."""
@@ -317,6 +305,25 @@ class Store:
 
     def end(self, status: str, end_ms: int) -> None:
         self.client.set_terminated(self.run_id, status, end_time=end_ms)
+
+
+def log_traces(client, tracing, experiment_id: str, run_id: str, events: list, model: str) -> bool:
+    """Requests as traces, TRACE_BATCH at a time: the exact messages, the reply or the error,
+    tokens, latency, retries and whether the cache answered. A store that keeps no spans itself
+    (a file store) gets them one at a time through MLflow's tracer; whether it did."""
+    tracer_used = False
+    for start in range(0, len(events), TRACE_BATCH):
+        batch = events[start : start + TRACE_BATCH]
+        try:
+            spans = [trace_span(run_id, experiment_id, event, model) for event in batch]
+            tracing.log_spans(experiment_id, spans)
+        except NotImplementedError:
+            tracer_used = True
+            for event in batch:
+                write_trace(client, experiment_id, run_id, event, model)
+            continue
+        client.link_traces_to_run([span.trace_id for span in spans], run_id)
+    return tracer_used
 
 
 def trace_span(run_id: str, experiment_id: str, event, model: str):
