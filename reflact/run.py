@@ -51,7 +51,7 @@ def _run_fresh(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: Spar
         return _run(dict_cfg, hc, multirun, spare)
 
 
-def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker | None = None) -> float | None:
+def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker | None) -> float | None:
     from reflact.api import run
     from reflact.experiment import Launch
     from reflact.running.summary import optimized_value

@@ -213,7 +213,7 @@ def _serve(inbox: _Messages, send) -> None:
     scheme = inbox.get()
     if not isinstance(scheme, Scheme):  # stopped before its run was known
         return
-    _warm(scheme.name)
+    _warm_store(scheme.name)
     start = inbox.get()
     if not isinstance(start, Start):  # the run ended needing no tracking
         return
@@ -233,15 +233,19 @@ def _serve(inbox: _Messages, send) -> None:
             tracker.attempt()
 
 
-def _warm(scheme: str = "") -> None:
-    """What writing to a store of `scheme` imports (seconds of CPU), loaded while the run starts
-    and before its first event: only the store's own work is left for the run's calls to overlap.
-    MLflow's client first, which every store needs, while the run has yet to compose its config."""
+def _warm() -> None:
+    """MLflow's client (seconds of CPU), which every store needs, imported while the run has yet
+    to compose its config and before its first event: only the store's own work is left for the
+    run's calls to overlap."""
     mlflow_defaults()
     with one_at_a_time():
         import mlflow.tracking  # noqa: F401
 
-        if scheme.split("+", 1)[0] in SQL_SCHEMES:
+
+def _warm_store(scheme: str) -> None:
+    """What writing to a store of `scheme` imports beyond the client: SQLAlchemy's store."""
+    if scheme.split("+", 1)[0] in SQL_SCHEMES:
+        with one_at_a_time():
             import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
 
 
