@@ -39,7 +39,7 @@ class Launch:
     job: int | None = None  # the job's number in a sweep
     overrides: tuple[str, ...] = ()
     record_config: Callable[[], None] | None = None  # writes .hydra/ once the inputs passed their checks
-    tracker: SpareTracker | None = None  # a tracker process the command line started already
+    tracker: SpareTracker | None = None  # the process's idle tracker: started by the command line, or its last run's
 
 
 @dataclass
@@ -94,7 +94,7 @@ def _tracker(cfg: ReflactConfig, params: dict[str, str], stage: Stage, launch: L
         sweep_dir=launch.sweep_dir,
         job=launch.job,
     )
-    tracker = LiveRun(context, launch.tracker.take() if launch.tracker is not None else None)
+    tracker = LiveRun(context, launch.tracker)
     stage.observe(tracker)
     return tracker
 

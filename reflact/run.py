@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from reflact.tracking.live import SpareTracker
 
 
-def _job(dict_cfg: DictConfig, spare: SpareTracker | None = None) -> float | None:
+def _job(dict_cfg: DictConfig, spare: SpareTracker) -> float | None:
     with one_at_a_time():
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
@@ -41,7 +41,7 @@ def _job(dict_cfg: DictConfig, spare: SpareTracker | None = None) -> float | Non
     return job(dict_cfg, hc, multirun, spare)
 
 
-def _run_fresh(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker | None) -> float | None:
+def _run_fresh(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker) -> float | None:
     """A single run: the run dir Hydra made for it goes again when a mistake stops it."""
     from reflact.running.newdir import FRESH_ENV, discarded_on_mistake
 
@@ -51,7 +51,7 @@ def _run_fresh(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: Spar
         return _run(dict_cfg, hc, multirun, spare)
 
 
-def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker | None) -> float | None:
+def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker) -> float | None:
     from reflact.api import run
     from reflact.experiment import Launch
     from reflact.running.summary import optimized_value
@@ -120,19 +120,19 @@ def _main() -> None:
         with callbacks_allowed(), _mode_from_command_line():
             job()
     finally:
-        if spare is not None:
-            spare.discard()  # not taken: the run needed no tracking
+        spare.discard()  # idle: the run needed no tracking, or the last job is done
 
 
-def _spare_tracker(args: list[str]) -> SpareTracker | None:
-    """A single run's tracker process, started before Hydra composes (reflact.tracking.live); a
-    sweep's jobs start their own, and a command line that turns MLflow off needs none."""
-    multirun = any(arg in ("-m", "--multirun") or arg.startswith("hydra.mode=") for arg in args)
-    if multirun or "mlflow.enabled=false" in args:
-        return None
+def _spare_tracker(args: list[str]) -> SpareTracker:
+    """This process's idle tracker (reflact.tracking.live): a single run's is started before Hydra
+    composes; a sweep's first job starts its own, which each next job in this process takes
+    over; a command line that turns MLflow off needs none."""
     from reflact.tracking.live import SpareTracker
 
-    return SpareTracker()
+    multirun = any(arg in ("-m", "--multirun") or arg.startswith("hydra.mode=") for arg in args)
+    if multirun or "mlflow.enabled=false" in args:
+        return SpareTracker()
+    return SpareTracker.started()
 
 
 # the callbacks conf/hydra/reflact.yaml names, the only targets Hydra instantiates for reflact

@@ -159,6 +159,82 @@ def test_the_tracker_process_starts_with_the_run_and_its_command_line_names_no_s
     assert trackers_at_request == [1]
 
 
+def _spawns_counted(monkeypatch) -> list[int]:
+    """The tracker processes started from now on in this process (their pids)."""
+    from reflact.tracking import live
+
+    started: list[int] = []
+    real_spawn = live._spawn
+
+    def counting():
+        proc = real_spawn()
+        started.append(proc.pid)
+        return proc
+
+    monkeypatch.setattr(live, "_spawn", counting)
+    return started
+
+
+def _reflect_with(spare, data: Path, run_dir: Path, launch_dir: Path, *overrides: str):
+    from reflact.api import compose, run
+    from reflact.experiment import Launch
+
+    cfg = compose([f"data.dir={data}", "optimizer=compatible", "optimizer.model=test", "reflect.minibatch_size=1",
+                   *overrides])
+    return run(cfg, {}, run_dir, Launch(launch_dir, tracker=spare))
+
+
+def test_the_runs_of_one_process_take_over_its_idle_tracker_and_each_gets_its_whole_mlflow_run(
+    tmp_path, server, migrated_store, monkeypatch
+):
+    """A run whose tracker ended cleanly hands it, idle, to the process's next run (the next job
+    of a sweep in Hydra's basic launcher): one process for both, mlflow imported once; each run
+    still gets its own MLflow run, every trace in it, ended FINISHED. The idle one goes when
+    discarded."""
+    from mlflow.tracking import MlflowClient
+
+    from reflact.tracking.live import SpareTracker
+
+    started = _spawns_counted(monkeypatch)
+    data = write_dataset(tmp_path / "data", n_fail=2, n_succ=2)
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "mlflow.db").write_bytes(migrated_store.read_bytes())
+    spare = SpareTracker()
+    url = f"optimizer.base_url={server.base_url}"
+    first = _reflect_with(spare, data, tmp_path / "one", tmp_path, url, "reflect.edit_budget=1")
+    kept = spare.take()
+    assert kept is not None and kept.poll() is None  # idle, waiting for a next run
+    spare.give(kept)
+    second = _reflect_with(spare, data, tmp_path / "two", tmp_path, url, "reflect.edit_budget=2")
+    assert started == [kept.pid]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    for done in (first, second):
+        assert done.status == "FINISHED"
+        run = client.get_run(done.mlflow_run_id)
+        assert run.info.status == "FINISHED"
+        assert run.data.metrics["minibatches_done"] == 4
+        traces = client.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, max_results=100)
+        assert len(traces) == done.summary["counts"]["calls"] == 4
+    assert first.mlflow_run_id != second.mlflow_run_id
+    spare.discard()
+    assert kept.poll() is not None
+
+
+def test_a_tracker_that_gave_up_is_not_handed_to_the_next_run(tmp_path, server, monkeypatch):
+    """A tracker whose store never answered is stopped with its run; the next run starts its own."""
+    from reflact.tracking.live import SpareTracker
+
+    started = _spawns_counted(monkeypatch)
+    data = write_dataset(tmp_path / "data", n_fail=2, n_succ=0)
+    spare = SpareTracker()
+    with FailingTracking("refuse") as tracking:
+        failing = [f"optimizer.base_url={server.base_url}", f"mlflow.tracking_uri={tracking.uri}", "mlflow.deadline_s=1"]
+        done = _reflect_with(spare, data, tmp_path / "run", tmp_path, *failing)
+    assert done.status == "FINISHED" and done.mlflow_run_id is None
+    assert spare.take() is None
+    assert len(started) == 1
+
+
 def _trackers_marked(mark: str) -> list[int]:
     """The live tracker processes whose environment holds `mark` (processes of this test alone)."""
     found = []
@@ -184,11 +260,14 @@ def _trackers_marked(mark: str) -> list[int]:
         pytest.param(["mlflow.enabled=false"], id="mlflow off"),
         pytest.param(["--cfg", "job"], id="--cfg"),
         pytest.param(["hydra/job_logging=nonexistent"], id="a config Hydra refuses"),
+        pytest.param([], id="a finished run"),
+        pytest.param(["-m", "reflect.edit_budget=1,2"], id="a sweep"),
     ],
 )
 def test_the_command_line_leaves_no_tracker_process_behind(tmp_path, server, how):
     """The command line starts a tracker process before Hydra composes; a run that needs none
-    (MLflow off, a config printed, a mistake found) ends it too."""
+    (MLflow off, a config printed, a mistake found) ends it too, and so do a run and a sweep
+    whose last job leave one idle."""
     mark = f"reflact-test-{uuid.uuid4().hex}"
     data = write_dataset(tmp_path / "data", n_fail=2, n_succ=0)
     args = [f"data.dir={data}", "optimizer=compatible", f"optimizer.base_url={server.base_url}",

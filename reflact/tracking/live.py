@@ -54,11 +54,14 @@ LOCAL_STORE_S = 120.0
 class LiveRun:
     """The observer. `finish` ends the MLflow run and returns its id (None when nothing was logged)."""
 
-    def __init__(self, context: RunContext, process: subprocess.Popen | None = None) -> None:
+    def __init__(self, context: RunContext, spare: SpareTracker | None = None) -> None:
+        """`spare`: this process's idle tracker, if any; it gets the tracker back when the run's
+        ended cleanly, for the process's next run."""
         self.context = context
         self.uri = tracking_uri(context.cfg, context.launch_dir)
         self.finished = False
-        self._tracker = TrackerProcess(Start(context, self.uri), process)
+        self._spare = spare
+        self._tracker = TrackerProcess(Start(context, self.uri), spare.take() if spare is not None else None)
         self._lock = threading.Lock()
         self._patches: dict[str, str] = {}  # tag -> the patch's fingerprint, or the minibatch's status
 
@@ -86,7 +89,7 @@ class LiveRun:
         self.finished = True
         record = self.context.run_dir.mlflow_record()
         if not self._tracker.started and status == "FINISHED" and self._up_to_date(record):
-            self._tracker.discard()
+            self._hand_back()
             log.info("MLflow run %s already holds this run's patches; left as it is", record["run_id"])
             return record["run_id"]
         deadline_s = self.context.cfg.mlflow.deadline_s
@@ -95,7 +98,9 @@ class LiveRun:
         # the tracker gives up a moment before the run stops it, so that it can say why
         left_s = deadline_s - (time.monotonic() - ended) - ANSWER_S
         self._tracker.outbox.put(End(summary, status, self.digest(), max(left_s, ANSWER_S)))
-        failure = self._tracker.end(ended, deadline_s, busy_allowance(self.uri, deadline_s))
+        failure = self._tracker.end(ended, deadline_s, busy_allowance(self.uri, deadline_s), self._spare is not None)
+        if not failure:
+            self._hand_back()
         if failure:
             self._warn(failure)
             self.context.run_dir.write_mlflow_record(
@@ -103,6 +108,15 @@ class LiveRun:
             )
             return None
         return self.run_id
+
+    def _hand_back(self) -> None:
+        """The tracker, idle again, to the spare (when there is one) for the process's next run."""
+        process = self._tracker.release()
+        if self._spare is not None and process is not None:
+            self._spare.give(process)
+        elif process is not None:
+            process.kill()
+            process.wait()
 
     def digest(self) -> str:
         """What the MLflow run holds: the settings and each minibatch's patch (or status)."""
@@ -152,11 +166,10 @@ class TrackerProcess:
             self._failure = f"the tracker process did not start: {exc}"
             self._done.set()
 
-    def discard(self) -> None:
-        """The run needs no tracking after all: the process goes, told nothing."""
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
+    def release(self) -> subprocess.Popen | None:
+        """The process, idle (its run ended cleanly, or it was told of none), no longer this run's."""
+        proc, self._proc = self._proc, None
+        return proc
 
     def start(self, delay_s: float) -> None:
         with self._lock:
@@ -164,15 +177,16 @@ class TrackerProcess:
                 self.started = True
                 threading.Thread(target=self._feed, args=(delay_s,), name="reflact-mlflow", daemon=True).start()
 
-    def end(self, ended: float, deadline_s: float, busy_s: float) -> str:
-        """Waits for the tracker's end, then stops the process: an empty answer when it ended the
-        run, else why not (its own reason, or that the store stayed silent for the deadline; a
-        store that is silent without failing gets `busy_s`)."""
+    def end(self, ended: float, deadline_s: float, busy_s: float, keep: bool) -> str:
+        """Waits for the tracker's end: an empty answer when it ended the run, else why not (its
+        own reason, or that the store stayed silent for the deadline; a store that is silent
+        without failing gets `busy_s`). The process is stopped, unless it ended the run and
+        `keep` asks for it idle (`release`)."""
         answered = self._wait(ended, deadline_s, busy_s)
-        self._stop(ANSWER_S if answered else 0.0)
-        if not answered:
-            return f"no answer within mlflow.deadline_s={deadline_s:g}"
-        return self._failure
+        failure = self._failure if answered else f"no answer within mlflow.deadline_s={deadline_s:g}"
+        if failure or not keep:
+            self._stop()
+        return failure
 
     def _wait(self, ended: float, deadline_s: float, busy_s: float) -> bool:
         """Whether the tracker is done before the store has been silent for `deadline_s` since
@@ -212,6 +226,8 @@ class TrackerProcess:
                 self._take(json.loads(line))
             except ValueError:
                 continue
+            if self._done.is_set():
+                return  # what the process answers next is its next run's
         if not self._done.is_set():
             self._failure = self._failure or f"the tracker process ended with exit code {proc.wait()}"
             self._done.set()
@@ -232,14 +248,11 @@ class TrackerProcess:
             self._failure = answer["done"]
             self._done.set()
 
-    def _stop(self, grace_s: float) -> None:
-        """The tracker process ends (given `grace_s` to exit by itself), whatever it was waiting on."""
-        proc = self._proc
-        if proc is None:
-            return
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
+    def _stop(self) -> None:
+        """The tracker process ends, whatever it was waiting on (once it answered that it is done,
+        it has nothing left to write: an idle tracker would wait for a next run)."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
             proc.kill()
             proc.wait()
 
@@ -273,25 +286,40 @@ def trace_record(event: Replied) -> dict:
 
 
 class SpareTracker:
-    """A tracker process the command line starts before Hydra composes the config, so that it
-    imports mlflow beside the run's own start (~0.7 s earlier than the run could start it). The
-    run takes it (`take`); one that was not taken (MLflow off, `--cfg`, a mistake) is stopped."""
+    """This process's idle tracker process, for its next run. The command line starts one before
+    Hydra composes the config, so that it imports mlflow beside the run's own start (~0.7 s
+    earlier than the run could start it); a run whose tracker ended cleanly gives it back, so the
+    next job of a sweep in this process (Hydra's basic launcher) finds mlflow imported and its
+    store open. One left idle at the end (MLflow off, `--cfg`, a mistake, the last job) is
+    stopped (`discard`). It stays in its process: a launcher that pickles the job to run it
+    elsewhere sends an empty one."""
 
-    def __init__(self) -> None:
+    def __init__(self, process: subprocess.Popen | None = None) -> None:
+        self._proc = process
+
+    @classmethod
+    def started(cls) -> SpareTracker:
         try:
-            self._proc: subprocess.Popen | None = _spawn()
+            return cls(_spawn())
         except OSError:  # the run starts its own, and says why that failed
-            self._proc = None
+            return cls()
 
     def take(self) -> subprocess.Popen | None:
         proc, self._proc = self._proc, None
         return proc
+
+    def give(self, process: subprocess.Popen) -> None:
+        self.discard()
+        self._proc = process
 
     def discard(self) -> None:
         proc = self.take()
         if proc is not None:
             proc.kill()
             proc.wait()
+
+    def __getstate__(self) -> dict:
+        return {"_proc": None}
 
 
 def _write(proc: subprocess.Popen, message: object) -> None:

@@ -2,8 +2,10 @@
 
 It reads pickled messages on stdin (the store's scheme first, then the run's context, then the
 stage's events, then the end) and answers JSON lines on stdout (the run's id, log lines, and
-when it is done). Being a process of its own, a tracking server that hangs can hold nothing of
-the run: the run waits for it at most `mlflow.deadline_s` at its end, then stops it. MLflow's
+when it is done); a run that ended cleanly leaves it waiting for the launching process's next
+run (a sweep's next job). Being a process of its own, a tracking server that hangs can hold
+nothing of the run: the run waits for it at most `mlflow.deadline_s` at its end, then stops
+it. MLflow's
 CPU work runs beside the stage for real, not on a thread that shares its interpreter. The
 command line starts it before Hydra composes the run's config, so that importing mlflow
 (seconds) overlaps the run's own start; it is told the store's scheme once that is known.
@@ -205,18 +207,28 @@ class _Messages:
 
     def get(self, timeout: float | None = None):
         frame = self.frames.get(timeout=timeout)
-        return pickle.loads(frame) if frame else End(None, "KILLED", "", ORPHAN_S)
+        if frame:
+            return pickle.loads(frame)
+        self.frames.put(frame)  # stdin stays ended: an idle tracker then ends too
+        return End(None, "KILLED", "", ORPHAN_S)
 
 
 def _serve(inbox: _Messages, send) -> None:
+    """Runs one after another: a process whose run ended cleanly waits for the next run of the
+    same launching process (the next job of a sweep), mlflow imported and the store open."""
     _warm()
-    scheme = inbox.get()
-    if not isinstance(scheme, Scheme):  # stopped before its run was known
-        return
-    _warm_store(scheme.name)
-    start = inbox.get()
-    if not isinstance(start, Start):  # the run ended needing no tracking
-        return
+    while True:
+        message = inbox.get()
+        if isinstance(message, Scheme):
+            _warm_store(message.name)
+        elif isinstance(message, Start):
+            _track(message, inbox, send)
+        else:  # an end before any run was known, or stdin closed: the launching process is done
+            return
+
+
+def _track(start: Start, inbox: _Messages, send) -> None:
+    """One run, from its start to the answer that it is done."""
     tracker = Tracker(start.context, start.uri, send)
     if not _answers(start.uri):
         send({"failing": True})
