@@ -228,8 +228,8 @@ def test_a_tracker_that_gave_up_is_not_handed_to_the_next_run(tmp_path, server, 
     data = write_dataset(tmp_path / "data", n_fail=2, n_succ=0)
     spare = SpareTracker()
     with FailingTracking("refuse") as tracking:
-        failing = [f"optimizer.base_url={server.base_url}", f"mlflow.tracking_uri={tracking.uri}", "mlflow.deadline_s=1"]
-        done = _reflect_with(spare, data, tmp_path / "run", tmp_path, *failing)
+        failing = [f"mlflow.tracking_uri={tracking.uri}", "mlflow.deadline_s=1"]
+        done = _reflect_with(spare, data, tmp_path / "run", tmp_path, f"optimizer.base_url={server.base_url}", *failing)
     assert done.status == "FINISHED" and done.mlflow_run_id is None
     assert spare.take() is None
     assert len(started) == 1
@@ -276,3 +276,23 @@ def test_the_command_line_leaves_no_tracker_process_behind(tmp_path, server, how
     assert done.returncode in (0, 2), done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert _trackers_marked(mark) == []
+
+
+def test_a_spare_pickled_to_another_process_keeps_no_tracker(tmp_path):
+    """A launcher that pickles the job (joblib, submitit, Ray) gives each job its own copy of the
+    spare: it arrives empty, and a tracker handed back to it is stopped, not left idle."""
+    import pickle
+
+    from reflact.tracking.live import SpareTracker
+
+    home = SpareTracker()
+    idle = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    home.give(idle)
+    travelled = pickle.loads(pickle.dumps(home))
+    assert travelled.take() is None
+    assert home.take() is idle and idle.poll() is None
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    travelled.give(other)
+    assert other.poll() is not None and travelled.take() is None
+    idle.kill()
+    idle.wait()

@@ -296,6 +296,7 @@ class SpareTracker:
 
     def __init__(self, process: subprocess.Popen | None = None) -> None:
         self._proc = process
+        self._home = True  # False in a copy a launcher pickled to another process
 
     @classmethod
     def started(cls) -> SpareTracker:
@@ -309,8 +310,12 @@ class SpareTracker:
         return proc
 
     def give(self, process: subprocess.Popen) -> None:
+        """Keeps `process` for the next run; a copy in another process has no next run to keep it
+        for (each job gets its own copy), so it stops it."""
         self.discard()
         self._proc = process
+        if not self._home:
+            self.discard()
 
     def discard(self) -> None:
         proc = self.take()
@@ -319,7 +324,7 @@ class SpareTracker:
             proc.wait()
 
     def __getstate__(self) -> dict:
-        return {"_proc": None}
+        return {"_proc": None, "_home": False}
 
 
 def _write(proc: subprocess.Popen, message: object) -> None:
