@@ -98,25 +98,20 @@ class LiveRun:
         # the tracker gives up a moment before the run stops it, so that it can say why
         left_s = deadline_s - (time.monotonic() - ended) - ANSWER_S
         self._tracker.outbox.put(End(summary, status, self.digest(), max(left_s, ANSWER_S)))
-        failure = self._tracker.end(ended, deadline_s, busy_allowance(self.uri, deadline_s), self._spare is not None)
+        failure = self._tracker.end(ended, deadline_s, busy_allowance(self.uri, deadline_s))
         if not failure:
             self._hand_back()
-        if failure:
-            self._warn(failure)
-            self.context.run_dir.write_mlflow_record(
-                {"run_id": self.run_id, "tracking_uri": self.uri, "status": "INCOMPLETE"}
-            )
-            return None
-        return self.run_id
+            return self.run_id
+        self._warn(failure)
+        incomplete = {"run_id": self.run_id, "tracking_uri": self.uri, "status": "INCOMPLETE"}
+        self.context.run_dir.write_mlflow_record(incomplete)
+        return None
 
     def _hand_back(self) -> None:
         """The tracker, idle again, to the spare (when there is one) for the process's next run."""
         process = self._tracker.release()
-        if self._spare is not None and process is not None:
-            self._spare.give(process)
-        elif process is not None:
-            process.kill()
-            process.wait()
+        if process is not None:
+            (self._spare or SpareTracker()).give(process)
 
     def digest(self) -> str:
         """What the MLflow run holds: the settings and each minibatch's patch (or status)."""
@@ -177,14 +172,14 @@ class TrackerProcess:
                 self.started = True
                 threading.Thread(target=self._feed, args=(delay_s,), name="reflact-mlflow", daemon=True).start()
 
-    def end(self, ended: float, deadline_s: float, busy_s: float, keep: bool) -> str:
-        """Waits for the tracker's end: an empty answer when it ended the run, else why not (its
-        own reason, or that the store stayed silent for the deadline; a store that is silent
-        without failing gets `busy_s`). The process is stopped, unless it ended the run and
-        `keep` asks for it idle (`release`)."""
+    def end(self, ended: float, deadline_s: float, busy_s: float) -> str:
+        """Waits for the tracker's end: an empty answer when it ended the run (the process is
+        then idle: `release`), else why not (its own reason, or that the store stayed silent for
+        the deadline; a store that is silent without failing gets `busy_s`), and the process is
+        stopped."""
         answered = self._wait(ended, deadline_s, busy_s)
         failure = self._failure if answered else f"no answer within mlflow.deadline_s={deadline_s:g}"
-        if failure or not keep:
+        if failure:
             self._stop()
         return failure
 
@@ -310,12 +305,13 @@ class SpareTracker:
         return proc
 
     def give(self, process: subprocess.Popen) -> None:
-        """Keeps `process` for the next run; a copy in another process has no next run to keep it
-        for (each job gets its own copy), so it stops it."""
-        self.discard()
-        self._proc = process
-        if not self._home:
-            self.discard()
+        """Keeps `process`, idle, for the next run; one it cannot keep is stopped (a copy in another
+        process has no next run: each job there gets a copy of its own)."""
+        if self._home and self._proc is None:
+            self._proc = process
+            return
+        process.kill()
+        process.wait()
 
     def discard(self) -> None:
         proc = self.take()

@@ -5,10 +5,10 @@ stage's events, then the end) and answers JSON lines on stdout (the run's id, lo
 when it is done); a run that ended cleanly leaves it waiting for the launching process's next
 run (a sweep's next job). Being a process of its own, a tracking server that hangs can hold
 nothing of the run: the run waits for it at most `mlflow.deadline_s` at its end, then stops
-it. MLflow's
-CPU work runs beside the stage for real, not on a thread that shares its interpreter. The
-command line starts it before Hydra composes the run's config, so that importing mlflow
-(seconds) overlaps the run's own start; it is told the store's scheme once that is known.
+it. MLflow's CPU work runs beside the stage for real, not on a thread that shares its
+interpreter. The command line starts it before Hydra composes the run's config, so that
+importing mlflow (seconds) overlaps the run's own start; it is told the store's scheme once
+that is known.
 
 A write that fails is retried with backoff while the run goes on; the events stay queued, so
 once the store answers again the MLflow run catches up (metrics, files, every trace) and ends
