@@ -28,14 +28,13 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import reflact
 from reflact.running.events import CallStarted, MinibatchEnded, Replied
 from reflact.running.rundir import append_trace
 from reflact.tracking.mirror import RunContext
 from reflact.tracking.store import tracking_uri
-from reflact.tracking.worker import End, Scheme, Start
+from reflact.tracking.worker import End, Opening, Start
 
 log = logging.getLogger("reflact")
 SAVED: dict = {}  # stands for a saved patch in the queue
@@ -156,7 +155,7 @@ class TrackerProcess:
         self._failing = False  # the store's last answer was a failure
         try:  # at once: it imports what its store needs while the run starts
             self._proc = process or _spawn()
-            _write(self._proc, Scheme(urlsplit(start.uri).scheme or "file"))
+            _write(self._proc, Opening(start.uri))
         except OSError as exc:
             self._failure = f"the tracker process did not start: {exc}"
             self._done.set()

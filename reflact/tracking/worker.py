@@ -1,14 +1,14 @@
 """The tracker process: `python -m reflact.tracking.worker`, started by reflact.tracking.live.
 
-It reads pickled messages on stdin (the store's scheme first, then the run's context, then the
+It reads pickled messages on stdin (the run's store first, then the run's context, then the
 stage's events, then the end) and answers JSON lines on stdout (the run's id, log lines, and
 when it is done); a run that ended cleanly leaves it waiting for the launching process's next
 run (a sweep's next job). Being a process of its own, a tracking server that hangs can hold
 nothing of the run: the run waits for it at most `mlflow.deadline_s` at its end, then stops
 it. MLflow's CPU work runs beside the stage for real, not on a thread that shares its
 interpreter. The command line starts it before Hydra composes the run's config, so that
-importing mlflow (seconds) overlaps the run's own start; it is told the store's scheme once
-that is known.
+importing mlflow (seconds) overlaps the run's own start; it is told the store once that is
+known, and opens a local one while the run prepares its first requests.
 
 A write that fails is retried with backoff while the run goes on; the events stay queued, so
 once the store answers again the MLflow run catches up (metrics, files, every trace) and ends
@@ -32,12 +32,13 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
+from urllib.parse import urlsplit
 
 from reflact.imports import one_at_a_time
 from reflact.running.events import Replied
 from reflact.text import one_line
 from reflact.tracking.mirror import Mirror, RunContext
-from reflact.tracking.store import Store, mlflow_defaults, mlflow_globals_at
+from reflact.tracking.store import Store, first_use, mlflow_defaults, mlflow_globals_at, sqlite_path
 
 log = logging.getLogger("reflact")
 # events written together: one metrics request per batch, not per minibatch; short, so that the
@@ -51,11 +52,12 @@ ORPHAN_S = 10.0  # a tracker whose run was killed ends its MLflow run KILLED wit
 
 
 @dataclass(frozen=True)
-class Scheme:
-    """The first message: the store's kind (its URI's scheme), so that the process imports what
-    writing to it needs; the address itself comes with Start."""
+class Opening:
+    """The first message of a run: its store, so that the process imports what writing to it
+    needs and opens it (a local database's engine and schema check, a fresh one's migrations)
+    while the run prepares its first requests."""
 
-    name: str
+    uri: str
 
 
 @dataclass(frozen=True)
@@ -219,8 +221,8 @@ def _serve(inbox: _Messages, send) -> None:
     _warm()
     while True:
         message = inbox.get()
-        if isinstance(message, Scheme):
-            _warm_store(message.name)
+        if isinstance(message, Opening):
+            _open(message.uri)
         elif isinstance(message, Start):
             _track(message, inbox, send)
         else:  # an end before any run was known, or stdin closed: the launching process is done
@@ -254,11 +256,24 @@ def _warm() -> None:
         import mlflow.tracking  # noqa: F401
 
 
-def _warm_store(scheme: str) -> None:
-    """What writing to a store of `scheme` imports beyond the client: SQLAlchemy's store."""
-    if scheme.split("+", 1)[0] in SQL_SCHEMES:
-        with one_at_a_time():
-            import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+def _open(uri: str) -> None:
+    """What writing to the store needs, ahead of the run's first write: SQLAlchemy's store for a
+    database; a local sqlite file is also opened (its engine and schema check, a fresh file's
+    migrations), which MLflow keeps for the next client of the same URI. A server is not asked
+    here: one that hangs gets the run's deadline, which counts from the run's start message on.
+    A failure is left to the first write, which retries it and reports it."""
+    if urlsplit(uri).scheme.split("+", 1)[0] not in SQL_SCHEMES:
+        return
+    with one_at_a_time():
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+        from mlflow.tracking import MlflowClient
+    if sqlite_path(uri) is None:
+        return
+    try:
+        with first_use(uri):  # a fresh file is migrated by one process at a time
+            MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments(max_results=1)
+    except Exception:  # noqa: BLE001  # the run's own writes meet it again, with retries
+        return
 
 
 def _answers(uri: str) -> bool:
