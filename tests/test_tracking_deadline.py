@@ -10,6 +10,7 @@ failing tracking server of reflact/testing/tracking_endpoint.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -296,3 +297,34 @@ def test_a_spare_pickled_to_another_process_keeps_no_tracker(tmp_path):
     assert other.poll() is not None and travelled.take() is None
     idle.kill()
     idle.wait()
+
+
+def test_the_tracker_opens_a_local_store_before_the_run_starts_writing(tmp_path):
+    """Told the store alone (no run yet: the run still prepares its first requests), the tracker
+    opens a local sqlite file, migrating a fresh one, so that the run's first write finds it ready."""
+    import sqlite3
+    import time
+
+    from reflact.tracking import live
+    from reflact.tracking.worker import Opening
+
+    db = tmp_path / "outputs" / "mlflow.db"
+    proc = live._spawn()
+    try:
+        live._write(proc, Opening(f"sqlite:///{db}"))
+        deadline = time.monotonic() + 120
+        tables: set[str] = set()
+        while "experiments" not in tables and time.monotonic() < deadline:
+            time.sleep(0.2)
+            if not db.exists():
+                continue
+            try:
+                with contextlib.closing(sqlite3.connect(db)) as connection:
+                    tables = {row[0] for row in connection.execute("select name from sqlite_master")}
+            except sqlite3.OperationalError:  # locked while it migrates
+                continue
+        assert "experiments" in tables
+        assert proc.poll() is None  # still waiting for its run
+    finally:
+        proc.kill()
+        proc.wait()
