@@ -64,11 +64,12 @@ tail -n 1 logs/reflect.out
 logged skillopt check skillopt "$url"
 tail -n 1 logs/skillopt.out
 
-# the README's parallel sweep; then the same command twice more resumes it
+# the README's parallel sweep, on 2 x 2 of its 3 x 3 M x L cells (the command line's values
+# replace the grid's; its 3 seeds stay: 12 jobs); then the same command again resumes it
 for round in fresh resume; do
     step "joblib sweep, $round"
     logged "sweep_$round" "$py" -m reflact.run -m +exp=demo_grid hydra/launcher=joblib hydra.launcher.n_jobs=4 \
-        "${served[@]}"
+        reflect.minibatch_size=2,8 reflect.edit_budget=1,4 "${served[@]}"
     check sweep "$round"
 done
 logged report "$py" -m reflact.report outputs/sweeps/demo_grid
