@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import BASE_ENV, PY, REPO, Server, make_dataset, rmtree  # noqa: E402
+from _common import BASE_ENV, PY, REPO, Server, make_dataset, reflact_cmd, rmtree, run_process  # noqa: E402
 from same_outputs import export  # noqa: E402
 
 GRID = ("reflect.minibatch_size=2,4,8", "reflect.edit_budget=1,2,4")
@@ -47,14 +47,11 @@ def sweep(tree: Path, data: Path, launch: Path, url: str) -> tuple[float, float]
     return wall, cpu
 
 
-def migrated_store(work: Path, tree: Path, data: Path, url: str) -> Path:
+def migrated_store(work: Path, data: Path, url: str) -> Path:
     """A store as a user's second sweep finds it: migrated, the experiment present."""
     launch = work / "warm"
     launch.mkdir()
-    env = {**BASE_ENV, "PYTHONPATH": str(tree)}
-    args = [PY, "-m", "reflact.run", f"data.dir={data}", "optimizer=compatible", f"optimizer.base_url={url}",
-            "optimizer.model=bench-model", "optimizer.cache=off", f"hydra.run.dir={launch / 'run'}"]
-    done = subprocess.run(args, cwd=launch, env=env, capture_output=True, text=True)
+    done = run_process(reflact_cmd(data, url, launch / "run", mlflow=True), cwd=launch)
     if done.returncode:
         sys.exit(f"the warm-up run failed:\n{done.stderr[-3000:]}")
     return launch / "outputs" / "mlflow.db"
@@ -73,7 +70,7 @@ def main() -> None:
         data = make_dataset(work / "data", runs=args.runs)
         figures: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
         with Server(args.latency) as server:
-            store = migrated_store(work, REPO, data, server.base_url)
+            store = migrated_store(work, data, server.base_url)
             for i in range(args.repeat):
                 order = list(trees.items()) if i % 2 == 0 else list(trees.items())[::-1]
                 for name, tree in order:

@@ -109,8 +109,10 @@ class LiveRun:
     def _hand_back(self) -> None:
         """The tracker, idle again, to the spare (when there is one) for the process's next run."""
         process = self._tracker.release()
-        if process is not None:
-            (self._spare or SpareTracker()).give(process)
+        if process is not None and self._spare is not None:
+            self._spare.give(process)
+        elif process is not None:
+            _end(process)
 
     def digest(self) -> str:
         """What the MLflow run holds: the settings and each minibatch's patch (or status)."""
@@ -247,8 +249,7 @@ class TrackerProcess:
         it has nothing left to write: an idle tracker would wait for a next run)."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            proc.kill()
-            proc.wait()
+            _end(proc)
 
 
 def busy_allowance(uri: str, deadline_s: float) -> float:
@@ -308,18 +309,22 @@ class SpareTracker:
         process has no next run: each job there gets a copy of its own)."""
         if self._home and self._proc is None:
             self._proc = process
-            return
-        process.kill()
-        process.wait()
+        else:
+            _end(process)
 
     def discard(self) -> None:
         proc = self.take()
         if proc is not None:
-            proc.kill()
-            proc.wait()
+            _end(proc)
 
     def __getstate__(self) -> dict:
         return {"_proc": None, "_home": False}
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """A tracker process stopped, whatever it was doing or waiting for."""
+    proc.kill()
+    proc.wait()
 
 
 def _write(proc: subprocess.Popen, message: object) -> None:
