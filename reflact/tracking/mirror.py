@@ -87,6 +87,21 @@ class Totals:
         return {**counts, **self.sums}
 
 
+@dataclass
+class Batch:
+    """Metrics (key, value, step) and files (path, artifact folder) to log in one write."""
+
+    rows: list[tuple[str, float, int]] = field(default_factory=list)
+    files: list[tuple[Path, str]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.rows or self.files)
+
+    def extend(self, other: Batch) -> None:
+        self.rows += other.rows
+        self.files += other.files
+
+
 class Mirror:
     def __init__(self, store: Store, context: RunContext) -> None:
         self.store = store
@@ -109,33 +124,44 @@ class Mirror:
         return run_id
 
     def write(self, events: list) -> None:
-        """The plan's and settled minibatches' metrics and files (traces: `Store.trace`)."""
-        rows: list[tuple[str, float, int]] = []
-        files: list[tuple[Path, str]] = []
+        """The plan's and settled minibatches' metrics and files (traces: `Store.traces`)."""
+        self.log(self.batch(events))
+
+    def batch(self, events: list) -> Batch:
+        """The events' metrics and files, counted into the run's totals (once: a write that fails
+        is retried with the same batch)."""
+        batch = Batch()
         for event in events:
             if isinstance(event, Planned):
                 self.positions = {mb.tag: i for i, mb in enumerate(event.plan)}
                 self.totals.planned = len(event.plan)
-                rows.append(("minibatches", float(len(event.plan)), 0))
+                batch.rows.append(("minibatches", float(len(event.plan)), 0))
             elif isinstance(event, MinibatchEnded):
-                rows += self._ended(event.outcome)
-                files += self.context.run_dir.minibatch_files(event.outcome.tag, event.patch is not None)
+                batch.rows += self._ended(event.outcome)
+                batch.files += self.context.run_dir.minibatch_files(event.outcome.tag, event.patch is not None)
         if any(isinstance(e, MinibatchEnded) for e in events):
             totals = total_metrics(self.totals.counts(), self.context.cfg.optimizer.dry_run)
-            rows += [(key, value, self.totals.ended) for key, value in totals.items()]
-        self.store.log_metrics(rows, now_ms())
-        self.store.log_files(files)
+            batch.rows += [(key, value, self.totals.ended) for key, value in totals.items()]
+        return batch
 
-    def end(self, summary: dict | None, status: str, end_ms: int | None = None) -> None:
-        """The run's counts and files (when it got as far as its summary), then its status."""
+    def log(self, batch: Batch) -> None:
+        self.store.log_metrics(batch.rows, now_ms())
+        self.store.log_files(batch.files)
+
+    def end(self, summary: dict | None, status: str, end_ms: int | None = None, last: Batch | None = None) -> None:
+        """The run's counts and files (when it got as far as its summary), with `last` (the stage's
+        last minibatches, in the same write), then its status."""
+        rows, files = (list(last.rows), list(last.files)) if last is not None else ([], [])
         if summary is not None:
             dry_run = self.context.cfg.optimizer.dry_run
-            rows = [(k, v, self.totals.ended) for k, v in total_metrics(summary["counts"], dry_run).items()]
+            rows += [(k, v, self.totals.ended) for k, v in total_metrics(summary["counts"], dry_run).items()]
             for record in summary["minibatches"]:
                 step = self.positions.get(record["tag"], 0)
                 rows += [(k, v, step) for k, v in minibatch_metrics(record).items() if k == "minibatch/apply_share"]
-            self.store.log_metrics(rows + self._analysis_rows(), now_ms())
-            self.store.log_files(self.context.run_dir.run_files())
+            rows += self._analysis_rows()
+            files += self.context.run_dir.run_files()
+        self.log(Batch(rows, files))
+        if summary is not None:
             self._log_kept_items()
         if self.context.cfg.mlflow.trace_calls:
             _flush_traces()

@@ -35,15 +35,18 @@ from typing import IO
 from urllib.parse import urlsplit
 
 from reflact.imports import one_at_a_time
-from reflact.running.events import Replied
+from reflact.running.events import MinibatchEnded, Planned, Replied
 from reflact.text import one_line
-from reflact.tracking.mirror import Mirror, RunContext
+from reflact.tracking.mirror import Batch, Mirror, RunContext
 from reflact.tracking.store import Store, first_use, mlflow_defaults, mlflow_globals_at, sqlite_path
 
 log = logging.getLogger("reflact")
 # events written together: one metrics request per batch, not per minibatch; short, so that the
 # last replies' traces are written while the run writes its summary
 BATCH_S = 0.1
+# the stage's last metrics and files wait at most this long for the run's end (its summary and
+# analysis), to be written with the end's own in one write; its last traces are written at once
+HOLD_S = 0.5
 FIRST_RETRY_S = 0.5  # then doubling, up to LAST_RETRY_S, while the store does not answer
 LAST_RETRY_S = 8.0
 PROBE_S = 2.0  # the first look at an HTTP tracking server
@@ -105,16 +108,41 @@ class Tracker:
     send: Callable[[dict], None]  # one message to the parent
     mirror: Mirror | None = None
     pending: list = field(default_factory=list)  # events not written yet (traces excepted)
+    unwritten: Batch = field(default_factory=Batch)  # the pending events' metrics and files, once counted
     replied: list = field(default_factory=list)  # every request, for the traces
     traced: set = field(default_factory=set)  # (tag, number) sent as traces
     backoff: Backoff = field(default_factory=Backoff)
+    planned: int | None = None  # the plan's minibatches, once known
+    settled: int = 0
+    over_at: float | None = None  # monotonic: when the last planned minibatch settled
 
-    def add(self, events: list) -> None:
-        for event in events:
-            (self.replied if isinstance(event, Replied) else self.pending).append(event)
+    def add(self, event) -> None:
+        if isinstance(event, Replied):
+            self.replied.append(event)
+            return
+        self.pending.append(event)
+        if isinstance(event, Planned):
+            self.planned = len(event.plan)
+        elif isinstance(event, MinibatchEnded):
+            self.settled += 1
+        if self.over_at is None and self.planned is not None and self.settled >= self.planned:
+            self.over_at = time.monotonic()
 
-    def flush(self) -> None:
-        """Writes what is queued (opening the run first); raises when the store fails."""
+    def holds(self) -> bool:
+        """Whether the stage's last metrics and files still wait for the run's end."""
+        return self.over_at is not None and time.monotonic() < self.over_at + HOLD_S
+
+    def wake_in(self) -> float | None:
+        """How long to wait for the next event before writing what the stage left (its held end,
+        then each retry); None: nothing is left to write, wait for the next event."""
+        if self.over_at is None or not (self.pending or self.unwritten):
+            return None
+        now = time.monotonic()
+        return max(self.over_at + HOLD_S, self.backoff.next_at, now) - now
+
+    def flush(self, rest: bool = True) -> None:
+        """Writes what is queued (opening the run first): the traces, and unless `rest` is false the
+        metrics and files; raises when the store fails."""
         if self.mirror is None:
             store = Store(self.uri, self.context.cfg.mlflow.experiment, self.context.launch_dir)
             self.send({"answered": True})
@@ -129,15 +157,18 @@ class Tracker:
             self.mirror.store.traces(new, self.context.cfg.optimizer.model)
             self.traced.update((event.tag, event.number) for event in new)
         if self.pending:
-            self.mirror.write(self.pending)
+            self.unwritten.extend(self.mirror.batch(self.pending))
             self.pending = []
+        if rest and self.unwritten:
+            self.mirror.log(self.unwritten)
+            self.unwritten = Batch()
 
     def attempt(self) -> bool:
         """One try at writing what is queued, when the backoff allows; whether it all went."""
         if time.monotonic() < self.backoff.next_at:
             return False
         try:
-            self.flush()
+            self.flush(rest=not self.holds())
         except Exception as exc:  # the store is down, frozen or refusing: try again later
             self.backoff.failed(exc, self.send)
             return False
@@ -151,11 +182,12 @@ class Tracker:
         self.backoff.answered_at = time.monotonic()  # the store gets the deadline from the run's end on
         while True:
             try:
-                self.flush()
+                self.flush(rest=False)  # the rest goes with the end's own metrics and files
                 assert self.mirror is not None  # flush opened it
                 if self.mirror.store.tracer_used:  # a write of our own raises when it fails
                     self._resend_lost_traces()
-                self.mirror.end(end.summary, end.status)
+                self.mirror.end(end.summary, end.status, last=self.unwritten)
+                self.unwritten = Batch()
                 record = {"run_id": self.mirror.store.run_id, "tracking_uri": self.uri, "status": end.status}
                 self.context.run_dir.write_mlflow_record({**record, "digest": end.digest})
                 return ""
@@ -237,14 +269,17 @@ def _track(start: Start, inbox: _Messages, send) -> None:
     with mlflow_globals_at(start.uri):
         send({"ready": True})  # mlflow is imported: from now on only the store can be slow
         tracker.backoff.answered_at = time.monotonic()
-        while True:
-            events = _drain(inbox, BATCH_S if not tracker.backoff.failing else tracker.backoff.wait_s)
-            end = next((e for e in events if isinstance(e, End)), None)
-            tracker.add([e for e in events if not isinstance(e, End)])
-            if end is not None:
-                send({"done": tracker.end(end)})
-                return
-            tracker.attempt()
+        _follow(tracker, inbox, send)
+
+
+def _follow(tracker: Tracker, inbox: _Messages, send) -> None:
+    """The run's events written as they come, until its end is written (or given up)."""
+    while True:
+        end = _gather(inbox, tracker)
+        if end is not None:
+            send({"done": tracker.end(end)})
+            return
+        tracker.attempt()
 
 
 def _warm() -> None:
@@ -290,16 +325,26 @@ def _answers(uri: str) -> bool:
     return True
 
 
-def _drain(inbox: _Messages, window_s: float) -> list:
-    """At least one message (waiting for it), then what else comes within `window_s`."""
-    batch = [inbox.get()]
+def _gather(inbox: _Messages, tracker: Tracker) -> End | None:
+    """The next events into the tracker: at least one (waiting for it, or until what the stage left
+    has waited long enough for the run's end), then what else comes within the batch's window. Stops
+    at the stage's last minibatch, whose traces are written at once, and at the run's end (returned)."""
+    try:
+        message = inbox.get(timeout=tracker.wake_in())
+    except queue.Empty:
+        return None
+    window_s = tracker.backoff.wait_s if tracker.backoff.failing else BATCH_S
     deadline = time.monotonic() + window_s
-    while not isinstance(batch[-1], End):
+    while not isinstance(message, End):
+        over = tracker.over_at is not None
+        tracker.add(message)
+        if tracker.over_at is not None and not over:
+            return None
         try:
-            batch.append(inbox.get(timeout=max(deadline - time.monotonic(), 0)))
+            message = inbox.get(timeout=max(deadline - time.monotonic(), 0))
         except queue.Empty:
-            break
-    return batch
+            return None
+    return message
 
 
 def _read(stream: IO[bytes], inbox: queue.SimpleQueue) -> None:
