@@ -438,6 +438,24 @@ def test_each_request_is_a_trace_with_the_messages_of_its_own_part(shown):
     assert users == sorted(parts)  # every part's exact prompt, none repeated
 
 
+def test_the_kept_items_are_a_table_mlflow_reads_back(shown):
+    """The run's kept items, one row each, as a table MLflow's own reader loads and its UI lists."""
+    from reflact.running.rundir import RunDir
+    from reflact.tracking.store import mlflow_globals_at
+
+    run = one_run(shown["uri"], shown["root"] / "split")
+    with mlflow_globals_at(shown["uri"]):  # load_table searches the runs of MLflow's global store
+        table = client_for(shown["uri"]).load_table(run.info.experiment_id, "kept_items.json", [run.info.run_id])
+    kept = list(RunDir(shown["root"] / "split").kept_items())
+    assert len(kept) > 1
+    assert table.to_dict("records") == [
+        {"minibatch": row["minibatch"], "position": row["position"], "trajectory_ids": ", ".join(row["trajectory_ids"]),
+         "item": json.dumps(row["item"], ensure_ascii=False), "apply_status": row["apply"]["status"]}
+        for row in kept
+    ]
+    assert json.loads(run.data.tags["mlflow.loggedArtifacts"]) == [{"path": "kept_items.json", "type": "table"}]
+
+
 def test_traces_are_off_with_trace_calls_false(shown):
     run = one_run(shown["uri"], shown["root"] / "untraced")
     assert not client_for(shown["uri"]).search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id)

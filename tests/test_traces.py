@@ -1,6 +1,7 @@
 """Each request is one MLflow trace linked to its run, written many at a time (reflact.tracking.store):
 what a trace holds, a failed request's trace, a batch written again, more requests than one batch,
-and a store that keeps no spans itself."""
+and a store that keeps no spans itself; the run's kept-items table, written as MLflow's own
+log_table writes it."""
 
 from __future__ import annotations
 
@@ -126,3 +127,21 @@ def test_mlflows_tracer_writes_the_same_figures(store):
     assert span.attributes["tokens_prompt"] == 1200 and span.attributes["retries"] == 2
     assert span.outputs["reply"].startswith('{"edits"')
     assert traces[("s0", "2")].info.state.value == "ERROR"
+
+
+def test_a_table_is_what_mlflows_log_table_writes(store):
+    """Store.log_table skips log_table's three reads of the run: the same file MLflow reads back
+    (non-ASCII, quotes and numbers included) and the same tag, which comes with the next write."""
+    table = {"minibatch": ["f0", "f0", "s1"], "position": [0, 1, 0], "item": ['{"rule": "café"}', "x/y", ""]}
+    tag = store.log_table(table, "kept_items.json")
+    store.log_metrics([("edits_kept", 3.0, 0)], int(time.time() * 1000), tag)
+    ours = store.run_id
+    store.create("theirs", {}, int(time.time() * 1000))
+    store.client.log_table(store.run_id, table, "kept_items.json")
+    client, experiment = store.client, store.experiment_id
+    with store_module.mlflow_globals_at(store.uri):  # load_table searches the runs of MLflow's global store
+        mine, theirs = (client.load_table(experiment, "kept_items.json", [run]) for run in (ours, store.run_id))
+    assert mine.equals(theirs) and mine.to_dict("list") == table
+    listed = [json.loads(client.get_run(run).data.tags["mlflow.loggedArtifacts"]) for run in (ours, store.run_id)]
+    assert listed[0] == listed[1] == [{"path": "kept_items.json", "type": "table"}]
+    assert client.get_run(ours).data.metrics["edits_kept"] == 3.0

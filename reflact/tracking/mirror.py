@@ -160,9 +160,9 @@ class Mirror:
                 rows += [(k, v, step) for k, v in minibatch_metrics(record).items() if k == "minibatch/apply_share"]
             rows += self._analysis_rows()
             files += self.context.run_dir.run_files()
-        self.log(Batch(rows, files))
-        if summary is not None:
-            self._log_kept_items()
+        # the table's tag goes with the metrics: one write
+        self.store.log_metrics(rows, now_ms(), self._log_kept_items() if summary is not None else None)
+        self.store.log_files(files)
         if self.context.cfg.mlflow.trace_calls:
             _flush_traces()
         self.store.end(status, end_ms or now_ms())
@@ -224,19 +224,21 @@ class Mirror:
         except Exception as exc:  # the template hashes are params either way
             log.warning("the templates could not be linked from MLflow's prompt registry: %s", one_line(exc))
 
-    def _log_kept_items(self) -> None:
+    def _log_kept_items(self) -> dict[str, str]:
+        """The kept items as a table; returns the tag that lists it (none without kept items)."""
         rows = list(self.context.run_dir.kept_items())
-        if rows:
-            self.store.log_table(
-                {
-                    "minibatch": [r["minibatch"] for r in rows],
-                    "position": [r["position"] for r in rows],
-                    "trajectory_ids": [", ".join(r["trajectory_ids"]) for r in rows],
-                    "item": [json.dumps(r["item"], ensure_ascii=False) for r in rows],
-                    "apply_status": [r.get("apply", {}).get("status", "") for r in rows],
-                },
-                "kept_items.json",
-            )
+        if not rows:
+            return {}
+        return self.store.log_table(
+            {
+                "minibatch": [r["minibatch"] for r in rows],
+                "position": [r["position"] for r in rows],
+                "trajectory_ids": [", ".join(r["trajectory_ids"]) for r in rows],
+                "item": [json.dumps(r["item"], ensure_ascii=False) for r in rows],
+                "apply_status": [r.get("apply", {}).get("status", "") for r in rows],
+            },
+            "kept_items.json",
+        )
 
 
 def _flush_traces() -> None:

@@ -24,7 +24,7 @@ from urllib.parse import unquote, urlparse
 
 from reflact import __version__
 from reflact.config import ReflactConfig
-from reflact.files import lock_file
+from reflact.files import lock_file, write_text
 from reflact.imports import one_at_a_time
 from reflact.launch import LaunchDir
 from reflact.modes import get_mode
@@ -203,13 +203,17 @@ class Store:
         for start in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[start : start + 100], synchronous=True)
 
-    def log_metrics(self, rows: list[tuple[str, float, int]], timestamp_ms: int) -> None:
+    def log_metrics(self, rows: list[tuple[str, float, int]], timestamp_ms: int, tags: dict | None = None) -> None:
+        """Metrics (key, value, step), and `tags` with the first of them: one request per 1,000."""
         with one_at_a_time():
-            from mlflow.entities import Metric
+            from mlflow.entities import Metric, RunTag
 
         metrics = [Metric(key, value, timestamp_ms, step) for key, value, step in rows]
-        for start in range(0, len(metrics), 1000):
-            self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
+        run_tags = [RunTag(key, value) for key, value in (tags or {}).items()]
+        for start in range(0, len(metrics) or len(run_tags), 1000):
+            self.client.log_batch(
+                self.run_id, metrics=metrics[start : start + 1000], tags=run_tags if not start else []
+            )
 
     def log_files(self, files: list[tuple[Path, str]]) -> None:
         """(file, artifact folder) pairs. A local artifact store gets hard links where it can: the
@@ -228,8 +232,13 @@ class Store:
             except OSError:  # another file system, or links not allowed
                 shutil.copyfile(path, target)
 
-    def log_table(self, table: dict[str, list], name: str) -> None:
-        self.client.log_table(self.run_id, table, name)
+    def log_table(self, table: dict[str, list], name: str) -> dict[str, str]:
+        """`table` as the artifact `name` (table_json); returns the run tag listing it, for the next write."""
+        if self._artifact_dir is None:
+            self.client.log_text(self.run_id, table_json(table), name)
+        else:
+            write_text(self._artifact_dir / name, table_json(table))
+        return table_tag(name)
 
     def log_dataset(self, name: str, digest: str, source: str, profile: dict) -> None:
         with one_at_a_time():
@@ -284,27 +293,43 @@ class Store:
         """Requests as MLflow traces linked to the run (log_traces)."""
         self.tracer_used |= log_traces(self.client, self._tracing, self.experiment_id, self.run_id, events, model)
 
-    def traced_requests(self) -> set[tuple[str, str]]:
-        """(minibatch, request number) of every trace the store holds for the run."""
-        found: set[tuple[str, str]] = set()
-        token = None
-        while True:
-            page = self.client.search_traces(
-                locations=[self.experiment_id],
-                run_id=self.run_id,
-                max_results=500,
-                page_token=token,
-                include_spans=False,
-            )
-            found.update(
-                (t.info.tags.get("reflact.minibatch", ""), t.info.tags.get("reflact.request", "")) for t in page
-            )
-            token = page.token
-            if not token:
-                return found
-
     def end(self, status: str, end_ms: int) -> None:
         self.client.set_terminated(self.run_id, status, end_time=end_ms)
+
+
+def traced_requests(store: Store) -> set[tuple[str, str]]:
+    """(minibatch, request number) of every trace the store holds for its run."""
+    found: set[tuple[str, str]] = set()
+    token = None
+    while True:
+        page = store.client.search_traces(
+            locations=[store.experiment_id],
+            run_id=store.run_id,
+            max_results=500,
+            page_token=token,
+            include_spans=False,
+        )
+        found.update((t.info.tags.get("reflact.minibatch", ""), t.info.tags.get("reflact.request", "")) for t in page)
+        token = page.token
+        if not token:
+            return found
+
+
+def table_json(table: dict[str, list]) -> str:
+    """A table (column -> values) laid out as MLflow's log_table writes it: pandas' "split" JSON,
+    what mlflow.load_table and the UI's table view read. log_table itself also reads the whole run
+    three times to add the table to those logged before (~40 ms at the end of a run): a run reflact
+    logs has no other, so Store.log_table writes the file and its tag (table_tag) alone."""
+    rows = [list(row) for row in zip(*table.values(), strict=True)]
+    return json.dumps({"columns": list(table), "data": rows}, ensure_ascii=False)
+
+
+def table_tag(name: str) -> dict[str, str]:
+    """The run tag that lists the table `name` (the only one of its run) for MLflow's UI."""
+    with one_at_a_time():
+        from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
+
+    return {MLFLOW_LOGGED_ARTIFACTS: json.dumps([{"path": name, "type": "table"}])}
 
 
 def log_traces(client, tracing, experiment_id: str, run_id: str, events: list, model: str) -> bool:

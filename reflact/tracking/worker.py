@@ -38,7 +38,7 @@ from reflact.imports import one_at_a_time
 from reflact.running.events import MinibatchEnded, Planned, Replied
 from reflact.text import one_line
 from reflact.tracking.mirror import Batch, Mirror, RunContext
-from reflact.tracking.store import Store, first_use, mlflow_defaults, mlflow_globals_at, sqlite_path
+from reflact.tracking.store import Store, first_use, mlflow_defaults, mlflow_globals_at, sqlite_path, traced_requests
 
 log = logging.getLogger("reflact")
 # events written together: one metrics request per batch, not per minibatch; short, so that the
@@ -200,7 +200,7 @@ class Tracker:
 
     def _resend_lost_traces(self) -> None:
         assert self.mirror is not None
-        present = self.mirror.store.traced_requests()
+        present = traced_requests(self.mirror.store)
         lost = [event for event in self.replied if (event.tag, str(event.number)) not in present]
         self.mirror.store.traces(lost, self.context.cfg.optimizer.model)
 
