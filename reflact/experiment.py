@@ -137,7 +137,7 @@ def _run(
 
 class WarmUp:
     """Loads the analysis's libraries once the first reply is in, not before: until then the
-    import lock belongs to the first call, which is making the client (importing the SDK)."""
+    first requests are being made (the client imports the SDK under the import lock)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -217,3 +217,25 @@ def test_results_return_in_deterministic_order_whatever_finishes_first(tmp_path,
     outcomes = run_stage(tmp_path, server, data, "reflect.minibatch_size=4", "reflect.workers=6")
     assert [o.tag for o in outcomes] == [f"minibatch_fail_{i:03d}" for i in range(3)] + [
         f"minibatch_succ_{i:03d}" for i in range(3)]
+
+
+def test_the_client_is_made_on_the_launching_thread_before_a_second_prompt(tmp_path, server):
+    """The SDK is imported alone on the GIL: by the thread that prepares the prompts, once the first
+    minibatch needs a call and before it prepares the next (on a worker, beside that preparing,
+    both take longer). Made once, whatever the number of workers."""
+    import threading
+
+    from reflact.calls.deferred import Deferred
+
+    data = write_dataset(tmp_path / "d", n_fail=12, n_succ=0)
+    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.cache=off", "reflect.minibatch_size=2", "reflect.workers=4")
+    made = []
+
+    def make():
+        made.append((threading.current_thread().name, sorted(p.name for p in (tmp_path / "run" / "calls").iterdir())))
+        return make_client(cfg.optimizer, tmp_path, environ={})
+
+    outcomes = Stage(cfg, load_dataset(cfg.data), Deferred(make), tmp_path / "run").run()
+    assert made == [(threading.current_thread().name, ["minibatch_fail_000"])]
+    assert [o.status for o in outcomes] == ["done"] * 6 and server.count == 6

@@ -246,6 +246,9 @@ class OptimizerClient:
         if self.cache:
             self.cache.close()
 
+    def ready(self) -> None:
+        pass  # made whole in make_client
+
     def forget(self, replies: list[Reply]) -> None:
         if self.cache:
             self.cache.forget([r.cache_key for r in replies if r.cache_key])

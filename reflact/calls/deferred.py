@@ -1,5 +1,5 @@
-"""The optimizer client made on the first call, not before the run: a rerun whose patches are all
-reused makes no call, and then never imports the OpenAI SDK (about half a second)."""
+"""The optimizer client made when the run first needs a call, not before: a rerun whose patches
+are all reused makes none, and then never imports the OpenAI SDK (about half a second)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ def api_key(cfg: OptimizerConfig, environ: Mapping[str, str]) -> str:
 
 
 class Deferred:
-    """An Optimizer that makes the real one when a worker first calls it. Made under the import
-    lock, which also makes the other workers wait for it instead of importing the SDK as well."""
+    """An Optimizer that makes the real one when it is first needed: `ready` (the stage's launching
+    thread, at the first minibatch that needs a call) or a first call. Made under the import lock,
+    which also makes any other thread wait for it instead of importing the SDK as well."""
 
     def __init__(self, make: Callable[[], Optimizer]) -> None:
         self._make = make
@@ -50,6 +51,9 @@ class Deferred:
         label: str = "",
     ) -> Reply:
         return self._optimizer().complete(messages, max_output_tokens, schema, sample, label)
+
+    def ready(self) -> None:
+        self._optimizer()
 
     def forget(self, replies: list[Reply]) -> None:
         if self._made is not None:

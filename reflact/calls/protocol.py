@@ -82,6 +82,12 @@ class Optimizer(Protocol):
         (passed only with optimizer.samples > 1) is the draw's sample index; `label` names the
         request (its minibatch) in log lines."""
 
+    def ready(self) -> None:
+        """Makes what a request needs (the SDK client), now and on this thread. The stage calls it
+        once a minibatch needs a call, before it prepares the next prompts: importing the SDK on a
+        worker while this thread prepares them costs both the time they take from each other on
+        the GIL (~0.1 s before the first requests leave)."""
+
     def forget(self, replies: list[Reply]) -> None:
         """Replies that led nowhere: a later identical request must ask afresh."""
 
@@ -116,6 +122,9 @@ class DryRunEstimator:
     ) -> Reply:
         usage = Usage(prompt=estimate_tokens(messages), completion=self.reply_tokens)
         return Reply(text="", finish_reason=None, usage=usage, latency_s=0.0, estimated=True)
+
+    def ready(self) -> None:
+        pass
 
     def forget(self, replies: list[Reply]) -> None:
         pass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,13 +120,15 @@ class Stage:
         settled = Settled(self.publish, 2 * self.cfg.reflect.workers)
         with ThreadPoolExecutor(max_workers=self.cfg.reflect.workers, thread_name_prefix="reflact-worker") as pool:
             try:
-                futures = []
+                futures: list[Future] = []
                 for mb in plan:
                     settled.window.acquire()
                     if settled.crashed:  # a bug in a worker: no new submission, reported as it is
                         raise settled.crashed[0]
                     ready = self.prepare(mb)
                     if isinstance(ready, Ready):
+                        if not futures:  # the client first, alone on the GIL (Optimizer.ready)
+                            self.asker.optimizer.ready()
                         futures.append(pool.submit(self.execute, ready))
                         futures[-1].add_done_callback(settled.finished)
                     else:
