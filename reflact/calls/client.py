@@ -37,7 +37,7 @@ from tenacity import (
 from reflact.calls.cache import ResponseCache, cache_entry, cache_key, cached_reply
 from reflact.calls.completion import Completion, MalformedReply, read_completion
 from reflact.calls.deferred import api_key
-from reflact.calls.protocol import CallError, Reply, estimate_tokens
+from reflact.calls.protocol import CallError, Optimizer, Reply, estimate_tokens
 from reflact.calls.ratelimit import RateLimiter
 from reflact.config import CacheMode, OptimizerConfig, Provider, StructuredOutput
 from reflact.imports import resolve_lazy
@@ -184,7 +184,7 @@ class EndpointWatch:
         return CallError(ABANDONED, retries=retries)
 
 
-class OptimizerClient:
+class OptimizerClient(Optimizer):  # made whole by make_client: `ready` has nothing to do
     """Calls, with retries, the response cache and the rate limits of `optimizer.*`."""
 
     def __init__(
@@ -245,9 +245,6 @@ class OptimizerClient:
         self._transport.close()
         if self.cache:
             self.cache.close()
-
-    def ready(self) -> None:
-        pass  # made whole in make_client
 
     def forget(self, replies: list[Reply]) -> None:
         if self.cache:

@@ -86,7 +86,8 @@ class Optimizer(Protocol):
         """Makes what a request needs (the SDK client), now and on this thread. The stage calls it
         once a minibatch needs a call, before it prepares the next prompts: importing the SDK on a
         worker while this thread prepares them costs both the time they take from each other on
-        the GIL (~0.1 s before the first requests leave)."""
+        the GIL (~0.1 s before the first requests leave). By default there is nothing to make."""
+        return None
 
     def forget(self, replies: list[Reply]) -> None:
         """Replies that led nowhere: a later identical request must ask afresh."""
@@ -104,7 +105,7 @@ def output_allowance(cfg: OptimizerConfig, mode: Mode) -> int:
     return cfg.max_output_tokens_full_rewrite if mode.full_rewrite else cfg.max_output_tokens
 
 
-class DryRunEstimator:
+class DryRunEstimator(Optimizer):
     """An optimizer that answers with an estimate: the prompt's tokens and a typical reply's."""
 
     fault = ""  # nothing is called, so nothing can fail
@@ -122,9 +123,6 @@ class DryRunEstimator:
     ) -> Reply:
         usage = Usage(prompt=estimate_tokens(messages), completion=self.reply_tokens)
         return Reply(text="", finish_reason=None, usage=usage, latency_s=0.0, estimated=True)
-
-    def ready(self) -> None:
-        pass
 
     def forget(self, replies: list[Reply]) -> None:
         pass
