@@ -44,6 +44,7 @@ FIRST_REQUESTS_S = 0.2
 ANSWER_S = 0.5
 # how long the tracker may take to import mlflow (no store is involved yet; a busy machine is slow)
 START_S = 60.0
+# how often the end's wait looks again: each answer of the tracker's moves its deadline
 POLL_S = 0.05
 # a local sqlite store that is silent without failing is busy, not down (a sweep's other jobs
 # migrating or writing it kept one silent for over 10 s on a loaded machine): it gets this long
