@@ -16,7 +16,8 @@ in a launch dir of its own.
      reflact, mlflow off   mlflow.enabled=false
      reference             skillopt 0.2.0's run_minibatch_reflect (bench/_ref_driver.py)
    Median and range of the whole-process time; ratios to the reference (target for the warm store
-   <= 1.10).
+   <= 1.10). CPU and peak RSS include the tracker process, which the run stops at its end without
+   waiting for it: the bench adopts it (Linux's child subreaper) and counts it when it ends.
 2. Per run, the time from the last reply (the server's last arrival + latency) to the process's
    exit, split by run.log: to the last minibatch line, to the "done:" line (summary, the tracker
    logging the run's files and ending its run), to the exit (interpreter shutdown).
@@ -50,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     BENCH,
     Server,
+    adopt_orphans,
     make_dataset,
     median_text,
     reflact_cmd,
@@ -61,6 +63,9 @@ from reference import REF_VERSION, ensure_ref_venv, run_reference, same_minibatc
 
 WARM, FRESH, OFF, REF = "reflact, warm store", "reflact, fresh store", "reflact, mlflow off", "reference"
 UNTRACED = "reflact, warm, untraced"
+# the run stops its tracker process at its end without waiting for it: the bench adopts it
+# (adopt_orphans) and waits this long for it to end, to count its CPU and memory with the run's
+ORPHANS_S = 0.5
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 
 
@@ -71,7 +76,7 @@ def warm_store(work: Path, data: Path, server: Server, args) -> Path:
     launch = work / "warm-template"
     launch.mkdir(parents=True)
     proc = run_process(reflact_cmd(data, server.base_url, launch / "runs" / "warmup", mlflow=True,
-                                   **settings(args)), cwd=launch)
+                                   **settings(args)), cwd=launch, orphans_s=ORPHANS_S)
     if proc.returncode != 0:
         sys.exit(f"the warm-up run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return launch / "outputs" / "mlflow.db"
@@ -105,7 +110,7 @@ def run_measured(data: Path, server: Server, launch: Path, run_dir: Path, latenc
     server.reset()
     started_at = time.time()
     proc = run_process(reflact_cmd(data, server.base_url, run_dir, mlflow=mlflow, extra=extra, **settings(args)),
-                       cwd=launch)
+                       cwd=launch, orphans_s=ORPHANS_S if mlflow else 0.0)
     exited_at = started_at + proc.wall_s
     if proc.returncode != 0:
         sys.exit(f"reflact in {run_dir} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -363,6 +368,8 @@ def main() -> None:
     parser.add_argument("-L", "--edit-budget", type=int, default=4)
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args()
+    if not adopt_orphans():
+        print("note: this system cannot adopt orphans: the tracker's CPU and memory are not counted")
     python = None if args.skip_reference else ensure_ref_venv(args.ref_venv.resolve())
     work, inputs = scratch("live"), scratch("live-data", memory=True)
     try:
