@@ -85,8 +85,8 @@ class Optimizer(Protocol):
     def ready(self) -> None:
         """Makes what a request needs (the SDK client), now and on this thread. The stage calls it
         once a minibatch needs a call, before it prepares the next prompts: importing the SDK on a
-        worker while this thread prepares them costs both the time they take from each other on
-        the GIL (~0.1 s before the first requests leave). By default there is nothing to make."""
+        worker while this thread prepares them slows both, as they share the GIL (the first
+        requests left ~0.1 s later). By default there is nothing to make."""
         return None
 
     def forget(self, replies: list[Reply]) -> None:
