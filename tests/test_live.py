@@ -256,6 +256,21 @@ def test_killed_then_rerun_leaves_one_active_run_and_none_running(tmp_path, laun
     assert not [r.info.run_id for r in runs_of(uri, deleted=True) if r.info.status == "RUNNING"]
 
 
+def test_a_rerun_of_a_run_dir_with_quotes_in_its_path_replaces_its_run(tmp_path, launch_dir, server):
+    """MLflow's filter strings cannot escape a quote: a run dir named like `o'brien "tests"` is still
+    found again by its rerun, whose MLflow run replaces the first one."""
+    data = write_dataset(tmp_path / "data", n_fail=2, n_succ=0)
+    uri = f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}"
+    for name in ("o'brien", 'o\'brien "tests"'):
+        run_dir = tmp_path / name
+        for budget in (1, 2):  # other settings: the rerun makes its own MLflow run
+            quoted = "'" + str(run_dir).replace("'", "\\'") + "'"  # Hydra's quoting of an override's value
+            done = run_cli(*run_args(data, server, quoted, f"reflect.edit_budget={budget}"), cwd=launch_dir)
+            assert done.returncode == 0, done.stderr[-3000:]
+        [active] = runs_of(uri, run_dir)
+        assert active.info.status == "FINISHED" and active.data.metrics["L"] == 2
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. sweeps: the parent ends with its children, and a sweep dir keeps its fixed settings
 

@@ -39,7 +39,7 @@ class PagedStore:
                                  data=SimpleNamespace(metrics={}, tags={"reflact.sweep_parent": "true"}))
         jobs = [SimpleNamespace(info=SimpleNamespace(run_id=f"r{i}", status="FINISHED"),
                                 data=SimpleNamespace(metrics={"M": 4, "L": 2, "mode": 0, "edits_kept": i % 3},
-                                                     tags={})) for i in range(n)]
+                                                     tags={"reflact.sweep_id": "outputs/sweeps/x"})) for i in range(n)]
         self.runs = [parent, *jobs]
         self.requests = 0
 
@@ -60,6 +60,28 @@ def test_every_page_of_runs_is_read():
     assert "parent" not in set(runs["run_id"])
     [cell] = grid_rows(runs)
     assert cell["finished"] == 2 * PAGE + 500
+
+
+@pytest.mark.parametrize("sweep,lookalike", [
+    ("outputs/sweeps/o'brien", "outputs/sweeps/o_brien"),
+    ('outputs/sweeps/say "hi"', "outputs/sweeps/say _hi_"),
+    ("""outputs/sweeps/'a' "b" 50%""", """outputs/sweeps/_a_ "b" 50x"""),  # what wildcards would match too
+])
+def test_a_sweep_with_quotes_in_its_name_finds_its_jobs_and_no_other(tmp_path, migrated_store, sweep, lookalike):
+    """MLflow's filter strings cannot escape quotes: the sweep's id goes inside the quote it does not
+    hold, or is matched with wildcards (a name holding both) and the runs of other sweeps left out."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    shutil.copy(migrated_store, tmp_path / "mlflow.db")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("sweeps", artifact_location=(tmp_path / "artifacts").as_uri())
+    for sweep_id, edits in ((sweep, 3), (lookalike, 7)):
+        run = client.create_run(experiment, tags={"reflact.sweep_id": sweep_id})
+        client.log_metric(run.info.run_id, "edits_kept", edits)
+    runs = sweep_runs(client, sweep)
+    assert list(runs["edits_kept"]) == [3]
 
 
 def job(M: int, L: int, status: str = "FINISHED", **metrics) -> dict:

@@ -23,6 +23,7 @@ from typing import Any
 from reflact.errors import UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
 from reflact.modes import mode_by_number
+from reflact.tracking.store import tag_filter
 
 # apply_share (the run's own metric: the share of kept edits that would apply) beside edits kept
 METRICS = ("edits_kept", "apply_share", "edits_truncated", "parse_failures", "tokens", "cost_usd", "wall_time_s")
@@ -45,7 +46,7 @@ def sweep_runs(client, sweep_id: str):
     rows, token = [], None
     while True:
         page = client.search_runs(
-            experiments, filter_string=f"tags.`reflact.sweep_id` = '{sweep_id}'", max_results=PAGE, page_token=token
+            experiments, filter_string=tag_filter("reflact.sweep_id", sweep_id), max_results=PAGE, page_token=token
         )
         rows += [
             {
@@ -55,7 +56,7 @@ def sweep_runs(client, sweep_id: str):
                 **r.data.metrics,
             }
             for r in page
-            if r.data.tags.get("reflact.sweep_parent") != "true"
+            if r.data.tags.get("reflact.sweep_parent") != "true" and r.data.tags.get("reflact.sweep_id") == sweep_id
         ]
         token = page.token
         if not token:
@@ -289,10 +290,11 @@ def main(argv: list[str] | None = None) -> int:
         from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=args.tracking_uri)
-    parents = client.search_runs(
+    found = client.search_runs(
         [e.experiment_id for e in client.search_experiments()],
-        filter_string=f"tags.`reflact.sweep_id` = '{args.sweep_id}' and tags.`reflact.sweep_parent` = 'true'",
+        filter_string=f"{tag_filter('reflact.sweep_id', args.sweep_id)} and tags.`reflact.sweep_parent` = 'true'",
     )
+    parents = [run for run in found if run.data.tags.get("reflact.sweep_id") == args.sweep_id]
     out = args.out or Path(args.sweep_id) / "report"
     paths = report_sweep(client, args.sweep_id, out, parents[0].info.run_id if parents else None)
     if not paths:

@@ -181,10 +181,9 @@ class Store:
     def retire(self, run_dir: Path) -> None:
         """Ends and deletes every active run logged for `run_dir` before (a rerun replaces its run,
         whatever moment the earlier process died at): one run dir, one active MLflow run."""
-        runs = self.client.search_runs(
-            [self.experiment_id], filter_string=f"tags.`reflact.run_dir` = '{_quoted(str(run_dir))}'", max_results=1000
-        )
-        for run in runs:
+        key, value = "reflact.run_dir", str(run_dir)
+        runs = self.client.search_runs([self.experiment_id], filter_string=tag_filter(key, value), max_results=1000)
+        for run in (run for run in runs if run.data.tags.get(key) == value):
             if run.info.status == "RUNNING":
                 self.client.set_terminated(run.info.run_id, "KILLED")
             self.client.delete_run(run.info.run_id)
@@ -526,8 +525,16 @@ def _local_dir(artifact_uri: str) -> Path | None:
     return Path(artifact_uri) if parsed.scheme == "" else None
 
 
-def _quoted(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("'", "\\'")
+def tag_filter(key: str, value: str) -> str:
+    """An MLflow filter clause for the runs whose tag `key` is `value`, which may match a few more:
+    a filter string has no escape for quotes, so the value goes inside the quote it does not hold
+    (a path with an apostrophe, `o'brien`, in double quotes), and one holding both kinds is matched
+    with LIKE, each apostrophe a one-character wildcard. Callers keep the runs whose tag is `value`."""
+    if "'" not in value:
+        return f"tags.`{key}` = '{value}'"
+    if '"' not in value:
+        return f'tags.`{key}` = "{value}"'
+    return f"tags.`{key}` LIKE '{value.replace(chr(39), '_')}'"
 
 
 def sweep_id(sweep_dir: Path, launch_dir: Path) -> str:
