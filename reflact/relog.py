@@ -19,7 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from reflact.errors import UserError, exits_on_user_error
-from reflact.running.rundir import HYDRA, SUMMARY, RunDir, SweepDir, read_traces
+from reflact.running.rundir import HYDRA, SUMMARY, RunDir, SweepDir, TraceRecords, recorded_requests
 
 log = logging.getLogger("reflact")
 
@@ -47,7 +47,7 @@ def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | No
             run_id = mirror.open()
             mirror.write(_events(rd, summary, outcomes))
             if context.cfg.mlflow.trace_calls:
-                mirror.store.traces(_requests(rd), context.cfg.optimizer.model)
+                mirror.store.traces(recorded_requests(TraceRecords(rd).of()), context.cfg.optimizer.model)
             mirror.end(summary, status, int(summary.get("times", {}).get("ended_at", time.time()) * 1000))
     except Exception as exc:  # the store's failure, in one line
         log.warning("MLflow logging to %s failed: %s", uri, one_line(exc))
@@ -94,33 +94,6 @@ def _sweep_dir(job_dir: Path) -> Path | None:
             return folder
     log.info("%s: no multirun.yaml above it; logged as a run of its own", job_dir)
     return None
-
-
-def _requests(rd: RunDir) -> list:
-    """Each request of the run as the event its trace is written from (the run dir's trace records)."""
-    from reflact.calls.protocol import Reply, Usage
-    from reflact.running.events import Replied
-
-    events = []
-    for record in read_traces(rd):
-        try:
-            reply = record.get("reply")
-            if reply is not None:
-                reply = Reply(**{**reply, "usage": Usage(**reply.get("usage", {}))})
-            events.append(
-                Replied(
-                    record["tag"],
-                    record["number"],
-                    record["messages"],
-                    reply,
-                    record.get("error", ""),
-                    record.get("cost_usd", 0.0),
-                    record["ended_at"],
-                )
-            )
-        except (KeyError, TypeError, AttributeError):  # a damaged record: that trace is left out
-            log.info("a damaged trace record in %s is left out", rd.root)
-    return events
 
 
 def _inputs(cfg):

@@ -256,6 +256,27 @@ def test_killed_then_rerun_leaves_one_active_run_and_none_running(tmp_path, laun
     assert not [r.info.run_id for r in runs_of(uri, deleted=True) if r.info.status == "RUNNING"]
 
 
+def test_a_rerun_that_replaces_the_mlflow_run_keeps_every_request_traced(tmp_path, launch_dir):
+    """The rerun's MLflow run replaces the first one, whose traces go with it: the requests that made
+    the reused minibatches' patches are traced again from the run dir's records, with those made now,
+    whether the rerun redoes a failed minibatch or only runs under another setting."""
+    data = write_dataset(tmp_path / "data", n_fail=3, n_succ=0)
+    uri = f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}"
+    run_dir = tmp_path / "run"
+    fail_first = lambda r, n: Response(status=500, body={}) if n == 1 else None  # noqa: E731
+    with OptimizerServer(script=fail_first) as server:
+        args = run_args(data, server, run_dir, "optimizer.retry.max_attempts=1", "reflect.workers=1")
+        first = ["ERROR", "OK", "OK"]  # the first request failed (one attempt allowed)
+        for extra, statuses in (((), first), ((), ["OK"] * 3), (("reflect.workers=2",), ["OK"] * 3)):
+            done = run_cli(*args, *extra, cwd=launch_dir)  # the first run; the failed minibatch redone; no call
+            assert done.returncode == 0, done.stderr[-3000:]
+            [run] = runs_of(uri, run_dir)
+            traces = client_for(uri).search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id)
+            traced = sorted((t.info.tags["reflact.minibatch"], t.data.spans[0].status.status_code) for t in traces)
+            assert traced == [(f"minibatch_fail_00{i}", status) for i, status in enumerate(statuses)]
+        assert server.count == 4  # the last rerun asked nothing
+
+
 def test_a_rerun_of_a_run_dir_with_quotes_in_its_path_replaces_its_run(tmp_path, launch_dir, server):
     """MLflow's filter strings cannot escape a quote: a run dir named like `o'brien "tests"` is still
     found again by its rerun, whose MLflow run replaces the first one."""

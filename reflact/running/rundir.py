@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 from collections.abc import Iterator
@@ -31,11 +32,14 @@ from pathlib import Path
 from typing import TypeGuard
 
 from reflact.calls.cache import cache_key
-from reflact.calls.protocol import Usage
+from reflact.calls.protocol import Reply, Usage
 from reflact.config import ReflactConfig
 from reflact.errors import UserError
 from reflact.files import atomic_writer, lock_file, read_json, repair_text, write_json, write_text
+from reflact.running.events import Replied
 from reflact.running.outcome import Outcome
+
+log = logging.getLogger("reflact")
 
 SUMMARY = "summary.json"
 ANALYSIS = "analysis.json"
@@ -194,6 +198,43 @@ class RunDir:
 # ---------------------------------------------------------------------- each request's trace record
 
 
+def trace_record(event: Replied) -> dict:
+    """A request as the run dir keeps it for its trace (recorded_requests turns it back into the event)."""
+    return {
+        "tag": event.tag,
+        "number": event.number,
+        "messages": event.messages,
+        "reply": asdict(event.reply) if event.reply is not None else None,
+        "error": event.error,
+        "cost_usd": event.cost_usd,
+        "ended_at": event.ended_at,
+    }
+
+
+def recorded_requests(records: list[dict]) -> list[Replied]:
+    """Trace records as the events their traces are written from; a damaged record is left out."""
+    events = []
+    for record in records:
+        try:
+            reply = record.get("reply")
+            if reply is not None:
+                reply = Reply(**{**reply, "usage": Usage(**reply.get("usage", {}))})
+            events.append(
+                Replied(
+                    record["tag"],
+                    record["number"],
+                    record["messages"],
+                    reply,
+                    record.get("error", ""),
+                    record.get("cost_usd", 0.0),
+                    record["ended_at"],
+                )
+            )
+        except (KeyError, TypeError, AttributeError):
+            log.info("a damaged trace record is left out: %s", str(record)[:200])
+    return events
+
+
 def append_trace(run_dir: RunDir, record: dict) -> None:
     """One request's trace record, appended in one write (ASCII JSON: a lone surrogate in a
     reply is escaped, never a failure). A line cut by a kill is skipped when read back."""
@@ -205,16 +246,46 @@ def append_trace(run_dir: RunDir, record: dict) -> None:
         os.close(fd)
 
 
-def read_traces(run_dir: RunDir) -> list[dict]:
-    """The trace records, the latest of each (minibatch, request) once (a redo replaces a request)."""
-    latest: dict[tuple, dict] = {}
-    with contextlib.suppress(FileNotFoundError), open(run_dir / TRACES, encoding="ascii", errors="replace") as handle:
-        for line in handle:
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if isinstance(record, dict) and "tag" in record and "number" in record:
-                    latest[(str(record["tag"]), str(record["number"]))] = record
-    return list(latest.values())
+class TraceRecords:
+    """The run dir's trace records, the latest of each (minibatch, request) once (a redo replaces a
+    request). The file is read through once, keeping where each record starts; records are read
+    back when asked for, so a rerun of a large run dir holds none of them in memory."""
+
+    def __init__(self, run_dir: RunDir) -> None:
+        self._path = run_dir / TRACES
+        self._at: dict[tuple[str, str], int] | None = None  # (minibatch, request) -> its line's offset
+
+    def of(self, tags: set[str] | None = None) -> list[dict]:
+        """The records of the minibatches `tags` (None: of all), in the order they were written."""
+        at = self._index()
+        offsets = sorted(offset for (tag, _), offset in at.items() if tags is None or tag in tags)
+        records = []
+        with contextlib.suppress(FileNotFoundError), open(self._path, "rb") as handle:
+            for offset in offsets:
+                handle.seek(offset)
+                records.append(_trace_record(handle.readline()))
+        return [record for record in records if record is not None]
+
+    def _index(self) -> dict[tuple[str, str], int]:
+        if self._at is None:
+            self._at = {}
+            with contextlib.suppress(FileNotFoundError), open(self._path, "rb") as handle:
+                offset = 0
+                for line in handle:
+                    record = _trace_record(line)
+                    if record is not None:
+                        self._at[(str(record["tag"]), str(record["number"]))] = offset
+                    offset += len(line)
+        return self._at
+
+
+def _trace_record(line: bytes) -> dict | None:
+    """A trace record, or None for a line that is not one (cut by a kill, damaged)."""
+    try:
+        record = json.loads(line.decode("ascii", errors="replace"))
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and "tag" in record and "number" in record else None
 
 
 # ---------------------------------------------------------------------- shapes of what is read back

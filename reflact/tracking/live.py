@@ -26,12 +26,11 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import reflact
 from reflact.running.events import CallStarted, MinibatchEnded, Replied
-from reflact.running.rundir import append_trace
+from reflact.running.rundir import append_trace, trace_record
 from reflact.tracking.mirror import RunContext
 from reflact.tracking.store import tracking_uri
 from reflact.tracking.worker import End, Opening, Start
@@ -266,19 +265,6 @@ def _last_reply(summary: dict | None) -> float:
     now = time.monotonic()
     ended_at = (summary or {}).get("times", {}).get("ended_at")
     return now - max(time.time() - ended_at, 0.0) if isinstance(ended_at, (int, float)) else now
-
-
-def trace_record(event: Replied) -> dict:
-    """A request as the run dir keeps it for its trace (reflact.relog turns it back into the event)."""
-    return {
-        "tag": event.tag,
-        "number": event.number,
-        "messages": event.messages,
-        "reply": asdict(event.reply) if event.reply is not None else None,
-        "error": event.error,
-        "cost_usd": event.cost_usd,
-        "ended_at": event.ended_at,
-    }
 
 
 class SpareTracker:

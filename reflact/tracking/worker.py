@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 from reflact.imports import one_at_a_time
 from reflact.running.events import MinibatchEnded, Planned, Replied
+from reflact.running.rundir import TraceRecords, recorded_requests
 from reflact.text import one_line
 from reflact.tracking.mirror import Batch, Mirror, RunContext
 from reflact.tracking.store import Store, first_use, mlflow_defaults, mlflow_globals_at, sqlite_path, traced_requests
@@ -111,6 +112,8 @@ class Tracker:
     unwritten: Batch = field(default_factory=Batch)  # the pending events' metrics and files, once counted
     replied: list = field(default_factory=list)  # every request, for the traces
     traced: set = field(default_factory=set)  # (tag, number) sent as traces
+    reused: set = field(default_factory=set)  # reused minibatches whose recorded requests are still to trace
+    records: TraceRecords | None = None  # the run dir's trace records, read once a minibatch is reused
     backoff: Backoff = field(default_factory=Backoff)
     planned: int | None = None  # the plan's minibatches, once known
     settled: int = 0
@@ -125,6 +128,8 @@ class Tracker:
             self.planned = len(event.plan)
         elif isinstance(event, MinibatchEnded):
             self.settled += 1
+            if event.outcome.status == "reused":  # its requests were made by an earlier run of the dir
+                self.reused.add(event.outcome.tag)
         if self.over_at is None and self.planned is not None and self.settled >= self.planned:
             self.over_at = time.monotonic()
 
@@ -153,6 +158,7 @@ class Tracker:
             self.send({"run_id": run_id})
             self.mirror = mirror
         if self.context.cfg.mlflow.trace_calls:
+            self._recall_reused()
             new = [event for event in self.replied if (event.tag, event.number) not in self.traced]
             self.mirror.store.traces(new, self.context.cfg.optimizer.model)
             self.traced.update((event.tag, event.number) for event in new)
@@ -162,6 +168,14 @@ class Tracker:
         if rest and self.unwritten:
             self.mirror.log(self.unwritten)
             self.unwritten = Batch()
+
+    def _recall_reused(self) -> None:
+        """The requests that made the reused minibatches' patches, from the run dir's trace records:
+        the MLflow run this one replaces held their traces, and relog would write them too."""
+        if self.reused:
+            self.records = self.records or TraceRecords(self.context.run_dir)
+            self.replied += recorded_requests(self.records.of(self.reused))
+            self.reused = set()
 
     def attempt(self) -> bool:
         """One try at writing what is queued, when the backoff allows; whether it all went."""
