@@ -169,3 +169,29 @@ def test_a_rerun_redoes_only_the_damaged_patch_and_finishes(tmp_path, server):
         o.tag: "done" if o.tag == "minibatch_fail_001" else "reused" for o in first
     }
     assert json.loads((patches / "minibatch_fail_001.json").read_text())["n_proposed"] == first[1].proposed
+
+
+def test_trace_records_keep_each_requests_latest_and_leave_damage_out(tmp_path):
+    """traces.jsonl as a rerun and relog read it: a request redone is its latest record, a line cut
+    by a kill or not an object is skipped, a record without its messages is left out, and only the
+    minibatches asked for are read back, in the order they were written."""
+    from reflact.calls.protocol import Reply, Usage
+    from reflact.running.events import Replied
+    from reflact.running.rundir import TraceRecords, append_trace, recorded_requests, trace_record
+
+    run_dir = RunDir(tmp_path)
+    reply = Reply("{}", "stop", Usage(prompt=10, completion=2), 1.5, started_at=100.0)
+    first = Replied("mb_a", 0, [{"role": "user", "content": "café"}], None, "HTTP 500", ended_at=101.0)
+    again = Replied("mb_a", 0, [{"role": "user", "content": "café"}], reply, cost_usd=0.01, ended_at=102.0)
+    other = Replied("mb_b", 0, [{"role": "user", "content": "b"}], reply, ended_at=103.0)
+    for event in (first, other, again):
+        append_trace(run_dir, trace_record(event))
+    with open(tmp_path / "traces.jsonl", "a") as handle:
+        handle.write('{"tag": "mb_c", "number": 0, "ended_at": 1}\n')  # no messages
+        handle.write("[1, 2]\n")
+        handle.write('{"tag": "mb_d", "number": 0, "mess')  # cut by a kill
+    records = TraceRecords(run_dir)
+    assert recorded_requests(records.of({"mb_a"})) == [again]
+    assert recorded_requests(records.of()) == [other, again]
+    assert [r["tag"] for r in records.of()] == ["mb_b", "mb_a", "mb_c"]
+    assert TraceRecords(RunDir(tmp_path / "none")).of() == []

@@ -231,7 +231,7 @@ def recorded_requests(records: list[dict]) -> list[Replied]:
                 )
             )
         except (KeyError, TypeError, AttributeError):
-            log.info("a damaged trace record is left out: %s", str(record)[:200])
+            log.info("the damaged trace record of %s, request %s, is left out", record["tag"], record["number"])
     return events
 
 
