@@ -23,7 +23,7 @@ from typing import Any
 from reflact.errors import UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
 from reflact.modes import mode_by_number
-from reflact.tracking.store import tag_filter
+from reflact.tracking.store import PAGE, runs_tagged
 
 # apply_share (the run's own metric: the share of kept edits that would apply) beside edits kept
 METRICS = ("edits_kept", "apply_share", "edits_truncated", "parse_failures", "tokens", "cost_usd", "wall_time_s")
@@ -33,7 +33,6 @@ ANALYSED = ("agreement", "redundancy", "distinct_edits")
 UNFILLED = ("apply_share", "cost_usd", *ANALYSED)
 JOBS = ("finished", "failed", "missing")  # a cell's jobs by how they ended
 SEED_AGREEMENT = "seed_agreement"
-PAGE = 1000  # runs per search request; every page is read
 
 
 def sweep_runs(client, sweep_id: str):
@@ -45,9 +44,7 @@ def sweep_runs(client, sweep_id: str):
     experiments = [e.experiment_id for e in client.search_experiments(max_results=PAGE)]
     rows, token = [], None
     while True:
-        page = client.search_runs(
-            experiments, filter_string=tag_filter("reflact.sweep_id", sweep_id), max_results=PAGE, page_token=token
-        )
+        page, token = runs_tagged(client, experiments, "reflact.sweep_id", sweep_id, page_token=token)
         rows += [
             {
                 "run_id": r.info.run_id,
@@ -56,9 +53,8 @@ def sweep_runs(client, sweep_id: str):
                 **r.data.metrics,
             }
             for r in page
-            if r.data.tags.get("reflact.sweep_parent") != "true" and r.data.tags.get("reflact.sweep_id") == sweep_id
+            if r.data.tags.get("reflact.sweep_parent") != "true"
         ]
-        token = page.token
         if not token:
             return pd.DataFrame(rows)
 
@@ -290,11 +286,10 @@ def main(argv: list[str] | None = None) -> int:
         from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=args.tracking_uri)
-    found = client.search_runs(
-        [e.experiment_id for e in client.search_experiments()],
-        filter_string=f"{tag_filter('reflact.sweep_id', args.sweep_id)} and tags.`reflact.sweep_parent` = 'true'",
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    parents, _ = runs_tagged(
+        client, experiments, "reflact.sweep_id", args.sweep_id, "tags.`reflact.sweep_parent` = 'true'"
     )
-    parents = [run for run in found if run.data.tags.get("reflact.sweep_id") == args.sweep_id]
     out = args.out or Path(args.sweep_id) / "report"
     paths = report_sweep(client, args.sweep_id, out, parents[0].info.run_id if parents else None)
     if not paths:

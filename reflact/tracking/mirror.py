@@ -144,8 +144,8 @@ class Mirror:
             batch.rows += [(key, value, self.totals.ended) for key, value in totals.items()]
         return batch
 
-    def log(self, batch: Batch) -> None:
-        self.store.log_metrics(batch.rows, now_ms())
+    def log(self, batch: Batch, tags: dict[str, str] | None = None) -> None:
+        self.store.log_metrics(batch.rows, now_ms(), tags)
         self.store.log_files(batch.files)
 
     def end(self, summary: dict | None, status: str, end_ms: int | None = None, last: Batch | None = None) -> None:
@@ -160,9 +160,7 @@ class Mirror:
                 rows += [(k, v, step) for k, v in minibatch_metrics(record).items() if k == "minibatch/apply_share"]
             rows += self._analysis_rows()
             files += self.context.run_dir.run_files()
-        # the table's tag goes with the metrics: one write
-        self.store.log_metrics(rows, now_ms(), self._log_kept_items() if summary is not None else None)
-        self.store.log_files(files)
+        self.log(Batch(rows, files), self._log_kept_items() if summary is not None else None)  # the table's tag too
         if self.context.cfg.mlflow.trace_calls:
             _flush_traces()
         self.store.end(status, end_ms or now_ms())

@@ -47,6 +47,7 @@ ANALYSIS_METRICS = (
     "analysis_cost_usd",
 )
 TRACE_BATCH = 100  # traces per write: the most MLflow links to a run in one request
+PAGE = 1000  # runs per search request
 
 
 def default_tracking_uri(launch_dir: Path) -> str:
@@ -181,9 +182,8 @@ class Store:
     def retire(self, run_dir: Path) -> None:
         """Ends and deletes every active run logged for `run_dir` before (a rerun replaces its run,
         whatever moment the earlier process died at): one run dir, one active MLflow run."""
-        key, value = "reflact.run_dir", str(run_dir)
-        runs = self.client.search_runs([self.experiment_id], filter_string=tag_filter(key, value), max_results=1000)
-        for run in (run for run in runs if run.data.tags.get(key) == value):
+        runs, _ = runs_tagged(self.client, [self.experiment_id], "reflact.run_dir", str(run_dir))
+        for run in runs:
             if run.info.status == "RUNNING":
                 self.client.set_terminated(run.info.run_id, "KILLED")
             self.client.delete_run(run.info.run_id)
@@ -525,16 +525,25 @@ def _local_dir(artifact_uri: str) -> Path | None:
     return Path(artifact_uri) if parsed.scheme == "" else None
 
 
-def tag_filter(key: str, value: str) -> str:
-    """An MLflow filter clause for the runs whose tag `key` is `value`, which may match a few more:
-    a filter string has no escape for quotes, so the value goes inside the quote it does not hold
-    (a path with an apostrophe, `o'brien`, in double quotes), and one holding both kinds is matched
-    with LIKE, each apostrophe a one-character wildcard. Callers keep the runs whose tag is `value`."""
+def runs_tagged(client, experiment_ids: list[str], key: str, value: str, also: str = "", page_token=None):
+    """One page (PAGE) of the runs whose tag `key` is `value` and that meet the filter clause
+    `also`: (those runs, the next page's token). A filter string has no escape for quotes, so the
+    value goes inside the quote it does not hold (a path with an apostrophe, `o'brien`, in double
+    quotes), and one holding both kinds is matched with LIKE, each apostrophe a one-character
+    wildcard; the runs that only look alike are left out here."""
     if "'" not in value:
-        return f"tags.`{key}` = '{value}'"
-    if '"' not in value:
-        return f'tags.`{key}` = "{value}"'
-    return f"tags.`{key}` LIKE '{value.replace(chr(39), '_')}'"
+        clause = f"tags.`{key}` = '{value}'"
+    elif '"' not in value:
+        clause = f'tags.`{key}` = "{value}"'
+    else:
+        clause = f"tags.`{key}` LIKE '{value.replace(chr(39), '_')}'"
+    page = client.search_runs(
+        experiment_ids,
+        filter_string=f"{clause} and {also}" if also else clause,
+        max_results=1000,
+        page_token=page_token,
+    )
+    return [run for run in page if run.data.tags.get(key) == value], page.token
 
 
 def sweep_id(sweep_dir: Path, launch_dir: Path) -> str:
