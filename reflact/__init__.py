@@ -1,17 +1,18 @@
 """reflact: the reflect stage of skill optimisation as a configured, logged experiment."""
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("reflact")
-except PackageNotFoundError:  # run from a checkout that was never installed
-    __version__ = "0+unknown"
-
 
 def __getattr__(name: str):
-    """`reflact.reflect` and `reflact.Reflection`, imported on first use (`import reflact` stays light)."""
+    """`reflact.reflect`, `reflact.Reflection` and `reflact.__version__`, on first use: `import
+    reflact` stays light, and the command line starts its tracker process before any import."""
     if name in ("reflect", "Reflection"):
         from reflact import api
 
         return getattr(api, name)
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("reflact")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            return "0+unknown"
     raise AttributeError(f"module 'reflact' has no attribute {name!r}")

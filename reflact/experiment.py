@@ -24,8 +24,9 @@ from reflact.running.events import Replied
 from reflact.running.rundir import RunDir, locked
 from reflact.running.stage import Stage
 from reflact.running.summary import run_status, summarize, usd
-from reflact.tracking.live import LiveRun, SpareTracker
+from reflact.tracking.live import LiveRun
 from reflact.tracking.mirror import RunContext
+from reflact.tracking.process import SpareTracker
 
 log = logging.getLogger("reflact")
 

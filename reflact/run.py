@@ -16,15 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import hydra
-from omegaconf import DictConfig, OmegaConf
-
-from reflact import config, shipped, usage
+from reflact import shipped, usage
 from reflact.errors import RunFailed, exits_on_user_error, fails_the_job, raise_stopped_on_sigterm, warnings_to_run_log
 from reflact.imports import one_at_a_time
+from reflact.tracking.process import SpareTracker
 
+# Hydra and reflact's config are imported once the tracker process started (_spare_tracker)
 if TYPE_CHECKING:
-    from reflact.tracking.live import SpareTracker
+    from omegaconf import DictConfig
 
 
 def _job(dict_cfg: DictConfig, spare: SpareTracker) -> float | None:
@@ -52,6 +51,10 @@ def _run_fresh(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: Spar
 
 
 def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker) -> float | None:
+    with one_at_a_time():
+        import hydra
+
+    from reflact import config
     from reflact.api import run
     from reflact.experiment import Launch
     from reflact.running.summary import optimized_value
@@ -75,6 +78,9 @@ def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTrack
 def _record_config(dict_cfg: DictConfig, hc: DictConfig, run_dir: Path) -> None:
     """What Hydra would write to .hydra/ (hydra.output_subdir is off), written only once the
     config and inputs passed their checks, so a mistaken rerun leaves the record alone."""
+    with one_at_a_time():
+        from omegaconf import OmegaConf
+
     from reflact.running.rundir import RunDir
 
     RunDir(run_dir).write_config(
@@ -102,16 +108,21 @@ def main() -> None:
 
 @exits_on_user_error  # config errors raised while Hydra composes
 def _main() -> None:
-    config.register()
-    # Hydra then raises instead of printing a multi-line report, so user mistakes get one line
-    os.environ["HYDRA_FULL_ERROR"] = "1"
     raise_stopped_on_sigterm()
-    sys.argv[1:] = config.hydra_spelling(sys.argv[1:])
-    if usage.wanted(sys.argv[1:]):
-        print(usage.help_text(sys.argv[1:]))
-        return
     spare = _spare_tracker(sys.argv[1:])
     try:
+        with one_at_a_time():
+            import hydra
+
+        from reflact import config
+
+        config.register()
+        # Hydra then raises instead of printing a multi-line report, so user mistakes get one line
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+        sys.argv[1:] = config.hydra_spelling(sys.argv[1:])
+        if usage.wanted(sys.argv[1:]):
+            print(usage.help_text(sys.argv[1:]))
+            return
         # decorated here, not at import: Hydra 1.4 warns about version_base as it decorates, and
         # only now do warnings go to the log (exits_on_user_error)
         job = hydra.main(config_path=str(shipped.conf_dir()), config_name="config", version_base="1.3")(
@@ -124,13 +135,12 @@ def _main() -> None:
 
 
 def _spare_tracker(args: list[str]) -> SpareTracker:
-    """This process's idle tracker (reflact.tracking.live): a single run's is started before Hydra
-    composes; a sweep's first job starts its own, which each next job in this process takes
-    over; a command line that turns MLflow off needs none."""
-    from reflact.tracking.live import SpareTracker
-
+    """This process's idle tracker (reflact.tracking.process), started first thing, before Hydra
+    and reflact's config are imported (~0.3 s), so that its import of mlflow begins with the
+    command line. A single run's only: a sweep's first job starts its own, which each next job in
+    this process takes over; a command line asking for help or turning MLflow off needs none."""
     multirun = any(arg in ("-m", "--multirun") or arg.startswith("hydra.mode=") for arg in args)
-    if multirun or "mlflow.enabled=false" in args:
+    if multirun or usage.wanted(args) or "mlflow.enabled=false" in args:
         return SpareTracker()
     return SpareTracker.started()
 
@@ -143,6 +153,9 @@ def callbacks_allowed():
     """From Hydra 1.4 on, instantiate() asks for an execution whitelist (1.4 warns without one,
     1.5 refuses): reflact's callbacks are allowed, from this trusted call site. Hydra 1.3 checks
     nothing."""
+    with one_at_a_time():
+        import hydra
+
     whitelist = getattr(hydra.utils, "execution_whitelist", None)
     return whitelist(list(CALLBACKS)) if whitelist else contextlib.nullcontext()
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from omegaconf import OmegaConf
-
+from reflact.imports import one_at_a_time
 from reflact.shipped import conf_dir
 
 FLAGS = ("--help", "-h")
@@ -35,6 +34,9 @@ def wanted(args: Sequence[str]) -> bool:
 
 def help_text(args: Sequence[str]) -> str:
     """The help, its config composed with the command line's overrides (its flags left out)."""
+    with one_at_a_time():
+        from omegaconf import OmegaConf
+
     from reflact.api import composed
 
     cfg = composed([a for a in args if not a.startswith("-")])

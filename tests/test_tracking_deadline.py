@@ -152,9 +152,18 @@ def test_the_tracker_process_starts_with_the_run_and_its_command_line_names_no_s
     data = write_dataset(tmp_path / "data", n_fail=2, n_succ=0)
     with FailingTracking("refuse") as tracking:
         uri = tracking.uri
-        done = reflact.reflect(data, overrides=["optimizer=compatible", f"optimizer.base_url={server.base_url}",
-                                                "optimizer.model=test", f"mlflow.tracking_uri={uri}",
-                                                "mlflow.deadline_s=1"], run_dir=tmp_path / "run", launch_dir=tmp_path)
+        done = reflact.reflect(
+            data,
+            overrides=[
+                "optimizer=compatible",
+                f"optimizer.base_url={server.base_url}",
+                "optimizer.model=test",
+                f"mlflow.tracking_uri={uri}",
+                "mlflow.deadline_s=1",
+            ],
+            run_dir=tmp_path / "run",
+            launch_dir=tmp_path,
+        )
     assert done.status == "FINISHED"
     assert [args[-1] for args in started] == ["reflact.tracking.worker"]
     assert not [arg for arg in started[0] if "http" in arg or uri.split("//")[1] in arg]
@@ -163,17 +172,17 @@ def test_the_tracker_process_starts_with_the_run_and_its_command_line_names_no_s
 
 def _spawns_counted(monkeypatch) -> list[int]:
     """The tracker processes started from now on in this process (their pids)."""
-    from reflact.tracking import live
+    from reflact.tracking import process
 
     started: list[int] = []
-    real_spawn = live._spawn
+    real_spawn = process.spawn
 
     def counting():
         proc = real_spawn()
         started.append(proc.pid)
         return proc
 
-    monkeypatch.setattr(live, "_spawn", counting)
+    monkeypatch.setattr(process, "spawn", counting)
     return started
 
 
@@ -181,8 +190,9 @@ def _reflect_with(spare, data: Path, run_dir: Path, launch_dir: Path, *overrides
     from reflact.api import compose, run
     from reflact.experiment import Launch
 
-    cfg = compose([f"data.dir={data}", "optimizer=compatible", "optimizer.model=test", "reflect.minibatch_size=1",
-                   *overrides])
+    cfg = compose(
+        [f"data.dir={data}", "optimizer=compatible", "optimizer.model=test", "reflect.minibatch_size=1", *overrides]
+    )
     return run(cfg, {}, run_dir, Launch(launch_dir, tracker=spare))
 
 
@@ -195,7 +205,7 @@ def test_the_runs_of_one_process_take_over_its_idle_tracker_and_each_gets_its_wh
     discarded."""
     from mlflow.tracking import MlflowClient
 
-    from reflact.tracking.live import SpareTracker
+    from reflact.tracking.process import SpareTracker
 
     started = _spawns_counted(monkeypatch)
     data = write_dataset(tmp_path / "data", n_fail=2, n_succ=2)
@@ -224,7 +234,7 @@ def test_the_runs_of_one_process_take_over_its_idle_tracker_and_each_gets_its_wh
 
 def test_a_tracker_that_gave_up_is_not_handed_to_the_next_run(tmp_path, server, monkeypatch):
     """A tracker whose store never answered is stopped with its run; the next run starts its own."""
-    from reflact.tracking.live import SpareTracker
+    from reflact.tracking.process import SpareTracker
 
     started = _spawns_counted(monkeypatch)
     data = write_dataset(tmp_path / "data", n_fail=2, n_succ=0)
@@ -272,8 +282,14 @@ def test_the_command_line_leaves_no_tracker_process_behind(tmp_path, server, how
     whose last job leave one idle."""
     mark = f"reflact-test-{uuid.uuid4().hex}"
     data = write_dataset(tmp_path / "data", n_fail=2, n_succ=0)
-    args = [f"data.dir={data}", "optimizer=compatible", f"optimizer.base_url={server.base_url}",
-            "optimizer.model=test", f"hydra.run.dir={tmp_path / 'run'}", *how]
+    args = [
+        f"data.dir={data}",
+        "optimizer=compatible",
+        f"optimizer.base_url={server.base_url}",
+        "optimizer.model=test",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        *how,
+    ]
     done = run_cli(*args, cwd=tmp_path, env={"REFLACT_TEST_MARK": mark})
     assert done.returncode in (0, 2), done.stderr[-3000:]
     assert "Traceback" not in done.stderr
@@ -284,12 +300,40 @@ def test_the_command_line_leaves_no_tracker_process_behind(tmp_path, server, how
     assert _trackers_marked(mark) == []
 
 
+# the command line with the tracker's start replaced by a note of what was imported by then
+_SPAWN_PROBE = """
+import sys
+from reflact.tracking import process
+
+def spawn():
+    print("spawned after", sorted(m for m in ("hydra", "omegaconf", "pydantic", "reflact.config") if m in sys.modules))
+    raise OSError("not started in this test")
+
+process.spawn = spawn
+from reflact.run import main
+main()
+"""
+
+
+@pytest.mark.parametrize("how", [["--cfg", "job"], ["+exp=demo", "--help"]], ids=["a run", "--help"])
+def test_the_command_line_starts_its_tracker_before_it_imports_hydra(tmp_path, how):
+    """The tracker imports mlflow (seconds of CPU) beside the run's whole start: the command line
+    starts it before it imports Hydra or reflact's config (~0.3 s); a request for help starts none."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SPAWN_PROBE, *how], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    spawned = [line for line in done.stdout.splitlines() if line.startswith("spawned after")]
+    assert spawned == ([] if "--help" in how else ["spawned after []"])
+    assert "reflect:" in done.stdout  # the command line went on: the config (or the help) was printed
+
+
 def test_a_spare_pickled_to_another_process_keeps_no_tracker(tmp_path):
     """A launcher that pickles the job (joblib, submitit, Ray) gives each job its own copy of the
     spare: it arrives empty, and a tracker handed back to it is stopped, not left idle."""
     import pickle
 
-    from reflact.tracking.live import SpareTracker
+    from reflact.tracking.process import SpareTracker
 
     home = SpareTracker()
     idle = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
@@ -310,13 +354,13 @@ def test_the_tracker_opens_a_local_store_before_the_run_starts_writing(tmp_path)
     import sqlite3
     import time
 
-    from reflact.tracking import live
+    from reflact.tracking import process
     from reflact.tracking.worker import Opening
 
     db = tmp_path / "outputs" / "mlflow.db"
-    proc = live._spawn()
+    proc = process.spawn()
     try:
-        live._write(proc, Opening(f"sqlite:///{db}"))
+        process.write(proc, Opening(f"sqlite:///{db}"))
         deadline = time.monotonic() + 120
         tables: set[str] = set()
         while "experiments" not in tables and time.monotonic() < deadline:

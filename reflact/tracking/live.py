@@ -8,10 +8,10 @@ No call ever waits on it. At the end the run waits for it at most `mlflow.deadli
 that is down, frozen or never answers then costs one warning, and the run dir (which holds
 every request's trace record too) is logged later by `python -m reflact.relog`.
 
-The process starts with the run (the command line starts it even before Hydra composes the
-config) and imports mlflow beside the run's own start; it hears of the run with the first
-request. A rerun that makes none and finds its MLflow run already holding the same patches under
-the same settings leaves that run as it is (the process is stopped).
+The process starts with the run (the command line starts it even before it imports Hydra:
+reflact.tracking.process) and imports mlflow beside the run's own start; it hears of the run
+with the first request. A rerun that makes none and finds its MLflow run already holding the
+same patches under the same settings leaves that run as it is (the process is stopped).
 """
 
 from __future__ import annotations
@@ -19,19 +19,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import pickle
 import queue
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
-import reflact
 from reflact.running.events import CallStarted, MinibatchEnded, Replied
 from reflact.running.rundir import append_trace, trace_record
+from reflact.tracking import process
 from reflact.tracking.mirror import RunContext
+from reflact.tracking.process import SpareTracker
 from reflact.tracking.store import tracking_uri
 from reflact.tracking.worker import End, Opening, Start
 
@@ -108,11 +105,11 @@ class LiveRun:
 
     def _hand_back(self) -> None:
         """The tracker, idle again, to the spare (when there is one) for the process's next run."""
-        process = self._tracker.release()
-        if process is not None and self._spare is not None:
-            self._spare.give(process)
-        elif process is not None:
-            _end(process)
+        idle = self._tracker.release()
+        if idle is not None and self._spare is not None:
+            self._spare.give(idle)
+        elif idle is not None:
+            process.end(idle)
 
     def digest(self) -> str:
         """What the MLflow run holds: the settings and each minibatch's patch (or status)."""
@@ -142,8 +139,8 @@ class TrackerProcess:
     """The tracker process (reflact.tracking.worker) and the run's side of its pipes: a feeder
     thread pickling the outbox down its stdin, a listener thread reading its answers."""
 
-    def __init__(self, start: Start, process: subprocess.Popen | None = None) -> None:
-        """`process`: one started already (SpareTracker), else started now."""
+    def __init__(self, start: Start, idle: subprocess.Popen | None = None) -> None:
+        """`idle`: one started already (SpareTracker), else started now."""
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.run_id: str | None = None
         self.started = False
@@ -156,8 +153,8 @@ class TrackerProcess:
         self._answered = 0.0  # monotonic: the store's last answer, as the tracker reported it
         self._failing = False  # the store's last answer was a failure
         try:  # at once: it imports what its store needs while the run starts
-            self._proc = process or _spawn()
-            _write(self._proc, Opening(start.uri))
+            self._proc = idle or process.spawn()
+            process.write(self._proc, Opening(start.uri))
         except OSError as exc:
             self._failure = f"the tracker process did not start: {exc}"
             self._done.set()
@@ -207,7 +204,7 @@ class TrackerProcess:
         message: object = self._first
         try:
             while True:
-                _write(proc, message)
+                process.write(proc, message)
                 if isinstance(message, End):
                     return
                 message = self.outbox.get()
@@ -249,7 +246,7 @@ class TrackerProcess:
         it has nothing left to write: an idle tracker would wait for a next run)."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            _end(proc)
+            process.end(proc)
 
 
 def busy_allowance(uri: str, deadline_s: float) -> float:
@@ -265,76 +262,3 @@ def _last_reply(summary: dict | None) -> float:
     now = time.monotonic()
     ended_at = (summary or {}).get("times", {}).get("ended_at")
     return now - max(time.time() - ended_at, 0.0) if isinstance(ended_at, (int, float)) else now
-
-
-class SpareTracker:
-    """This process's idle tracker process, for its next run. The command line starts one before
-    Hydra composes the config, so that it imports mlflow beside the run's own start (~0.7 s
-    earlier than the run could start it); a run whose tracker ended cleanly gives it back, so the
-    next job of a sweep in this process (Hydra's basic launcher) finds mlflow imported and its
-    store open. One left idle at the end (MLflow off, `--cfg`, a mistake, the last job) is
-    stopped (`discard`). It stays in its process: a launcher that pickles the job to run it
-    elsewhere sends an empty one."""
-
-    def __init__(self, process: subprocess.Popen | None = None) -> None:
-        self._proc = process
-        self._home = True  # False in a copy a launcher pickled to another process
-
-    @classmethod
-    def started(cls) -> SpareTracker:
-        try:
-            return cls(_spawn())
-        except OSError:  # the run starts its own, and says why that failed
-            return cls()
-
-    def take(self) -> subprocess.Popen | None:
-        proc, self._proc = self._proc, None
-        return proc
-
-    def give(self, process: subprocess.Popen) -> None:
-        """Keeps `process`, idle, for the next run; one it cannot keep is stopped (a copy in another
-        process has no next run: each job there gets a copy of its own)."""
-        if self._home and self._proc is None:
-            self._proc = process
-        else:
-            _end(process)
-
-    def discard(self) -> None:
-        proc = self.take()
-        if proc is not None:
-            _end(proc)
-
-    def __getstate__(self) -> dict:
-        return {"_proc": None, "_home": False}
-
-
-def _end(proc: subprocess.Popen) -> None:
-    """A tracker process stopped, whatever it was doing or waiting for. Not waited for: the kernel
-    takes ~25 ms to tear down its ~250 MB, which the end of the run need not wait on (the Popen
-    reaps it later; a command line that exits leaves it to init)."""
-    proc.kill()
-
-
-def _write(proc: subprocess.Popen, message: object) -> None:
-    """One message down the tracker's stdin, framed: the tracker reads bytes on one thread and
-    unpickles them on another."""
-    assert proc.stdin is not None
-    frame = pickle.dumps(message)
-    proc.stdin.write(len(frame).to_bytes(8, "big") + frame)
-    proc.stdin.flush()
-
-
-def _spawn() -> subprocess.Popen:
-    """The tracker process, importing this very reflact; its own session, so a terminal's signals
-    reach only the run (which ends the MLflow run through the pipe). Nothing is on its command
-    line: a database URI may hold a password."""
-    env = dict(os.environ)
-    root = str(Path(reflact.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-    return subprocess.Popen(
-        [sys.executable, "-m", "reflact.tracking.worker"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=env,
-        start_new_session=True,
-    )
