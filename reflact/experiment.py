@@ -25,8 +25,7 @@ from reflact.running.rundir import RunDir, locked
 from reflact.running.stage import Stage
 from reflact.running.summary import run_status, summarize, usd
 from reflact.tracking.live import LiveRun
-from reflact.tracking.mirror import RunContext
-from reflact.tracking.process import SpareTracker
+from reflact.tracking.process import RunContext, SpareTracker
 
 log = logging.getLogger("reflact")
 

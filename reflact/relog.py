@@ -60,7 +60,7 @@ def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: di
     """The run's context from its saved config (its dataset and templates when still there)."""
     from reflact import config
     from reflact.analysis.records import saved_yaml
-    from reflact.tracking.mirror import RunContext
+    from reflact.tracking.process import RunContext
     from reflact.tracking.store import tracking_uri as default_uri
 
     config.register()

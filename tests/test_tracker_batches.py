@@ -21,7 +21,8 @@ from types import SimpleNamespace
 from reflact.running.events import MinibatchEnded, Planned, Replied
 from reflact.tracking import worker
 from reflact.tracking.mirror import Batch
-from reflact.tracking.worker import End, Tracker, _follow, _Messages
+from reflact.tracking.process import End
+from reflact.tracking.worker import Tracker, _follow, _Messages
 
 
 @dataclass

@@ -355,7 +355,7 @@ def test_the_tracker_opens_a_local_store_before_the_run_starts_writing(tmp_path)
     import time
 
     from reflact.tracking import process
-    from reflact.tracking.worker import Opening
+    from reflact.tracking.process import Opening
 
     db = tmp_path / "outputs" / "mlflow.db"
     proc = process.spawn()

@@ -27,10 +27,8 @@ import time
 from reflact.running.events import CallStarted, MinibatchEnded, Replied
 from reflact.running.rundir import append_trace, trace_record
 from reflact.tracking import process
-from reflact.tracking.mirror import RunContext
-from reflact.tracking.process import SpareTracker
+from reflact.tracking.process import End, Opening, RunContext, SpareTracker, Start
 from reflact.tracking.store import tracking_uri
-from reflact.tracking.worker import End, Opening, Start
 
 log = logging.getLogger("reflact")
 SAVED: dict = {}  # stands for a saved patch in the queue

@@ -13,16 +13,17 @@ import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from reflact.config import ReflactConfig, priced
+from reflact.config import priced
 from reflact.groups import GROUPS
 from reflact.imports import one_at_a_time
 from reflact.inputs.dataset import Dataset
 from reflact.prompting.prompts import SystemPrompts, content_hash, overrides_of
 from reflact.running.events import MinibatchEnded, Planned
 from reflact.running.outcome import Outcome
-from reflact.running.rundir import RunDir, SweepDir
+from reflact.running.rundir import SweepDir
 from reflact.running.summary import dataset_counts
 from reflact.text import one_line
+from reflact.tracking.process import RunContext
 from reflact.tracking.store import (
     Store,
     analysis_metrics,
@@ -38,23 +39,6 @@ from reflact.tracking.store import (
 )
 
 log = logging.getLogger("reflact")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunContext:
-    """Everything about the run its MLflow run shows besides the stage's events."""
-
-    cfg: ReflactConfig
-    params: dict[str, str]
-    run_dir: RunDir
-    launch_dir: Path
-    started_at: float  # epoch seconds
-    dataset: Dataset | None = None  # logged as the run's dataset input
-    system: SystemPrompts | None = None  # registered in the prompt registry and linked
-    overrides: tuple[str, ...] = ()
-    sweep_dir: Path | None = None
-    job: int | None = None
-    template_hashes: dict[str, str] | None = None  # group -> content hash (default: of `system`)
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The tracker process itself (its program is reflact.tracking.worker): started, kept idle for a
-sweep's next job, stopped.
+sweep's next job, stopped; and the messages the run sends it (a run's context, its store, its end).
 
 The standard library only: the command line imports this before Hydra and the rest of reflact,
 so that the tracker starts importing mlflow (seconds of CPU, on another core) ~0.35 s sooner
@@ -12,9 +12,57 @@ import os
 import pickle
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import reflact
+
+if TYPE_CHECKING:  # the messages' contents; the run that sends them has these loaded already
+    from reflact.config import ReflactConfig
+    from reflact.inputs.dataset import Dataset
+    from reflact.prompting.prompts import SystemPrompts
+    from reflact.running.rundir import RunDir
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunContext:
+    """Everything about the run its MLflow run shows besides the stage's events."""
+
+    cfg: ReflactConfig
+    params: dict[str, str]
+    run_dir: RunDir
+    launch_dir: Path
+    started_at: float  # epoch seconds
+    dataset: Dataset | None = None  # logged as the run's dataset input
+    system: SystemPrompts | None = None  # registered in the prompt registry and linked
+    overrides: tuple[str, ...] = ()
+    sweep_dir: Path | None = None
+    job: int | None = None
+    template_hashes: dict[str, str] | None = None  # group -> content hash (default: of `system`)
+
+
+@dataclass(frozen=True)
+class Opening:
+    """The first message of a run: its store, so that the process imports what writing to it
+    needs and opens it (a local database's engine and schema check, a fresh one's migrations)
+    while the run prepares its first requests."""
+
+    uri: str
+
+
+@dataclass(frozen=True)
+class Start:
+    context: RunContext
+    uri: str
+
+
+@dataclass(frozen=True)
+class End:
+    summary: dict | None  # None when the run was stopped before its summary
+    status: str
+    digest: str  # what the run holds, for the run dir's record (reflact.tracking.live)
+    deadline_s: float  # give up when the store has not answered for this long
 
 
 def spawn() -> subprocess.Popen:

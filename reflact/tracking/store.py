@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from reflact import __version__
+import reflact
 from reflact.config import ReflactConfig
 from reflact.files import lock_file, write_text
 from reflact.imports import one_at_a_time
@@ -111,7 +111,7 @@ def context_tags(cfg: ReflactConfig, run_dir: Path, launch_dir: Path, overrides:
         "mlflow.user": _user(),
         "mlflow.source.type": "LOCAL",
         "mlflow.source.name": "reflact",
-        "reflact.version": __version__,
+        "reflact.version": reflact.__version__,
         "reflact.run_dir": str(run_dir),
         "reflact.overrides": " ".join(overrides),
         "reflact.dry_run": str(cfg.optimizer.dry_run).lower(),

@@ -38,7 +38,8 @@ from reflact.imports import one_at_a_time
 from reflact.running.events import MinibatchEnded, Planned, Replied
 from reflact.running.rundir import TraceRecords, recorded_requests
 from reflact.text import one_line
-from reflact.tracking.mirror import Batch, Mirror, RunContext
+from reflact.tracking.mirror import Batch, Mirror
+from reflact.tracking.process import End, Opening, RunContext, Start
 from reflact.tracking.store import Store, first_use, mlflow_defaults, mlflow_globals_at, sqlite_path, traced_requests
 
 log = logging.getLogger("reflact")
@@ -53,29 +54,6 @@ LAST_RETRY_S = 8.0
 PROBE_S = 2.0  # the first look at an HTTP tracking server
 SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")  # the stores MLflow keeps with SQLAlchemy
 ORPHAN_S = 10.0  # a tracker whose run was killed ends its MLflow run KILLED within this
-
-
-@dataclass(frozen=True)
-class Opening:
-    """The first message of a run: its store, so that the process imports what writing to it
-    needs and opens it (a local database's engine and schema check, a fresh one's migrations)
-    while the run prepares its first requests."""
-
-    uri: str
-
-
-@dataclass(frozen=True)
-class Start:
-    context: RunContext
-    uri: str
-
-
-@dataclass(frozen=True)
-class End:
-    summary: dict | None  # None when the run was stopped before its summary
-    status: str
-    digest: str  # what the run holds, for the run dir's record (reflact.tracking.live)
-    deadline_s: float  # give up when the store has not answered for this long
 
 
 @dataclass
