@@ -1,4 +1,4 @@
-"""The tracker process: `python -m reflact.tracking.worker`, started by reflact.tracking.live.
+"""The tracker process: `python -m reflact.tracking.worker`, started by reflact.tracking.process.
 
 It reads pickled messages on stdin (the run's store first, then the run's context, then the
 stage's events, then the end) and answers JSON lines on stdout (the run's id, log lines, and
