@@ -1,5 +1,7 @@
 """reflact: the reflect stage of skill optimisation as a configured, logged experiment."""
 
+from functools import cache
+
 
 def __getattr__(name: str):
     """`reflact.reflect`, `reflact.Reflection` and `reflact.__version__`, on first use: `import
@@ -9,10 +11,15 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            return version("reflact")
-        except PackageNotFoundError:  # run from a checkout that was never installed
-            return "0+unknown"
+        return _installed_version()
     raise AttributeError(f"module 'reflact' has no attribute {name!r}")
+
+
+@cache  # the installed metadata is read once per process, not at each run's tags
+def _installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("reflact")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "0+unknown"

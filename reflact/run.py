@@ -109,7 +109,8 @@ def main() -> None:
 @exits_on_user_error  # config errors raised while Hydra composes
 def _main() -> None:
     raise_stopped_on_sigterm()
-    spare = _spare_tracker(sys.argv[1:])
+    help_wanted = usage.wanted(sys.argv[1:])  # Hydra's spelling of the overrides changes no flag
+    spare = SpareTracker() if help_wanted else _spare_tracker(sys.argv[1:])
     try:
         with one_at_a_time():
             import hydra
@@ -120,7 +121,7 @@ def _main() -> None:
         # Hydra then raises instead of printing a multi-line report, so user mistakes get one line
         os.environ["HYDRA_FULL_ERROR"] = "1"
         sys.argv[1:] = config.hydra_spelling(sys.argv[1:])
-        if usage.wanted(sys.argv[1:]):
+        if help_wanted:
             print(usage.help_text(sys.argv[1:]))
             return
         # decorated here, not at import: Hydra 1.4 warns about version_base as it decorates, and
@@ -138,9 +139,9 @@ def _spare_tracker(args: list[str]) -> SpareTracker:
     """This process's idle tracker (reflact.tracking.process), started first thing, before Hydra
     and reflact's config are imported (~0.3 s), so that its import of mlflow begins with the
     command line. A single run's only: a sweep's first job starts its own, which each next job in
-    this process takes over; a command line asking for help or turning MLflow off needs none."""
+    this process takes over; a command line turning MLflow off needs none."""
     multirun = any(arg in ("-m", "--multirun") or arg.startswith("hydra.mode=") for arg in args)
-    if multirun or usage.wanted(args) or "mlflow.enabled=false" in args:
+    if multirun or "mlflow.enabled=false" in args:
         return SpareTracker()
     return SpareTracker.started()
 

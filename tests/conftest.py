@@ -50,34 +50,27 @@ def write_dataset(root: Path, n_fail: int, n_succ: int, seed: int = 0, missing: 
     for i in range(n_fail + n_succ):
         run_id = f"run_{i:05d}"
         failed = i < n_fail
-        rows.append(
-            {
-                "id": run_id,
-                "hard": 0 if failed else 1,
-                "task_description": f"Task number {i}",
-                "task_type": "support",
-                "fail_reason": "wrong refund amount" if failed else "",
-                "n_turns": 3,
-            }
-        )
+        rows.append({
+            "id": run_id,
+            "hard": 0 if failed else 1,
+            "task_description": f"Task number {i}",
+            "task_type": "support",
+            "fail_reason": "wrong refund amount" if failed else "",
+            "n_turns": 3,
+        })
         if i < missing:
             continue
-        conv = (
-            []
-            if i < missing + empty
-            else [
-                {"role": "user", "content": f"Please help with order {i}"},
-                {"type": "tool_call", "cmd": f"lookup_order({i})", "obs": "status: shipped"},
-                {"role": "assistant", "content": "Done."},
-            ]
-        )
+        conv = [] if i < missing + empty else [
+            {"role": "user", "content": f"Please help with order {i}"},
+            {"type": "tool_call", "cmd": f"lookup_order({i})", "obs": "status: shipped"},
+            {"role": "assistant", "content": "Done."},
+        ]
         folder = root / "predictions" / run_id
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "conversation.json").write_text(json.dumps(conv), encoding="utf-8")
     rng.shuffle(rows)
     (root / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return root
-
 
 def long_dataset(root: Path, n_fail: int, obs_chars: int) -> Path:
     """Failures only, each with an observation of `obs_chars` characters between HEAD and TAIL
@@ -88,6 +81,7 @@ def long_dataset(root: Path, n_fail: int, obs_chars: int) -> Path:
         items[1]["obs"] = "HEAD " + "x" * obs_chars + " TAIL"
         conv.write_text(json.dumps(items))
     return data
+
 
 
 def make_config(*overrides: str) -> reflact_config.ReflactConfig:
@@ -136,15 +130,9 @@ def stage_for(tmp_path: Path, server, data: Path, *overrides: str, run_dir: Path
     from reflact.inputs.dataset import load_dataset
     from reflact.running.stage import Stage
 
-    cfg = make_config(
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.retry.initial_wait_s=0.01",
-        "optimizer.retry.max_wait_s=0.02",
-        "optimizer.cache=off",
-        *overrides,
-    )
+    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.retry.initial_wait_s=0.01", "optimizer.retry.max_wait_s=0.02", "optimizer.cache=off",
+                      *overrides)
     client = optimizer or make_client(cfg.optimizer, tmp_path, environ={})
     return Stage(cfg, load_dataset(cfg.data), client, run_dir or tmp_path / "run")
 
@@ -180,11 +168,7 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 180
     full_env.pop("OPENAI_API_KEY", None) if env is None or "OPENAI_API_KEY" not in env else None
     return subprocess.run(
         [sys.executable, "-m", "reflact.run", *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
     )
 
 
@@ -222,23 +206,10 @@ def start_mlflow_server(root: Path, store: Path) -> tuple[subprocess.Popen, str]
     command = [str(mlflow_bin)] if mlflow_bin.exists() else [sys.executable, "-m", "mlflow"]
     log = open(root / "server.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
-        [
-            *command,
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{root / 'server.db'}",
-            "--artifacts-destination",
-            str(root / "artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        cwd=root,
-        stdout=log,
-        stderr=subprocess.STDOUT,
+        [*command, "server", "--backend-store-uri", f"sqlite:///{root / 'server.db'}",
+         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        cwd=root, stdout=log, stderr=subprocess.STDOUT,
         # no background job runner (huey consumers) for a short-lived test server
         env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         start_new_session=True,  # its own process group: the server and the uvicorn it starts stop together

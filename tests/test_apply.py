@@ -268,14 +268,10 @@ def test_apply_counts():
 
 
 def test_append_goes_before_nested_or_overlapping_regions_at_the_end():
-    nested = (
-        "<!-- SLOW_UPDATE_START -->\nx\n<!-- APPENDIX_START -->\ny\n<!-- APPENDIX_END -->\nz\n"
-        "<!-- SLOW_UPDATE_END -->\n"
-    )
-    overlapping = (
-        "<!-- SLOW_UPDATE_START -->\nx\n<!-- APPENDIX_START -->\ny\n<!-- SLOW_UPDATE_END -->\nz\n"
-        "<!-- APPENDIX_END -->\n"
-    )
+    nested = ("<!-- SLOW_UPDATE_START -->\nx\n<!-- APPENDIX_START -->\ny\n<!-- APPENDIX_END -->\nz\n"
+              "<!-- SLOW_UPDATE_END -->\n")
+    overlapping = ("<!-- SLOW_UPDATE_START -->\nx\n<!-- APPENDIX_START -->\ny\n<!-- SLOW_UPDATE_END -->\nz\n"
+                   "<!-- APPENDIX_END -->\n")
     for regions in (nested, overlapping):
         assert run("a\n" + regions, {"op": "append", "content": "b"})[0] == "a\nb\n" + regions
         assert append_point("a\n" + regions) == 2
@@ -285,24 +281,14 @@ def test_a_lone_end_marker_at_the_very_start_protects_itself():
     skill = "<!-- APPENDIX_END -->\n- rule\n"
     assert [(s.start, s.end) for s in protected_regions(skill)] == [(0, len("<!-- APPENDIX_END -->"))]
     assert statuses(run(skill, {"op": "delete", "target": "APPENDIX_END"})) == [
-        ("delete", "skipped", "target in protected region")
-    ]
+        ("delete", "skipped", "target in protected region")]
 
 
 def test_each_status_names_its_edits_op():
-    result = run(
-        BODY,
-        {"op": "replace", "target": "Amounts", "content": "Sums"},
-        {"op": "delete", "target": "# Skill"},
-        {"op": "insert_after", "target": "## Orders", "content": "- x"},
-        {"op": "append", "content": "- y"},
-    )
-    assert statuses(result) == [
-        ("replace", "applied", ""),
-        ("delete", "applied", ""),
-        ("insert_after", "applied", ""),
-        ("append", "applied", ""),
-    ]
+    result = run(BODY, {"op": "replace", "target": "Amounts", "content": "Sums"}, {"op": "delete", "target": "# Skill"},
+                 {"op": "insert_after", "target": "## Orders", "content": "- x"}, {"op": "append", "content": "- y"})
+    assert statuses(result) == [("replace", "applied", ""), ("delete", "applied", ""), ("insert_after", "applied", ""),
+                                ("append", "applied", "")]
 
 
 def test_deleting_a_first_or_last_line_takes_its_line_break_with_it():
@@ -319,44 +305,27 @@ def test_a_target_next_to_a_region_is_not_in_it():
 
 
 def test_every_region_of_a_kind_is_protected_and_the_text_between_is_not():
-    skill = (
-        "<!-- SLOW_UPDATE_END -->\nfree 1\n<!-- SLOW_UPDATE_START -->\nkept 1\n<!-- SLOW_UPDATE_END -->\n"
-        "free 2\n<!-- SLOW_UPDATE_START -->\nkept 2\n<!-- SLOW_UPDATE_END -->\nfree 3\n"
-    )
+    skill = ("<!-- SLOW_UPDATE_END -->\nfree 1\n<!-- SLOW_UPDATE_START -->\nkept 1\n<!-- SLOW_UPDATE_END -->\n"
+             "free 2\n<!-- SLOW_UPDATE_START -->\nkept 2\n<!-- SLOW_UPDATE_END -->\nfree 3\n")
     end = len("<!-- SLOW_UPDATE_END -->")
     first, second = skill.index("<!-- SLOW_UPDATE_START -->"), skill.rindex("<!-- SLOW_UPDATE_START -->")
     assert [(r.start, r.end) for r in protected_regions(skill)] == [
-        (0, end),
-        (first, skill.index("\nfree 2")),
-        (second, skill.rindex("\nfree 3")),
-    ]
+        (0, end), (first, skill.index("\nfree 2")), (second, skill.rindex("\nfree 3"))]
     for line in ("kept 1", "kept 2"):
         assert statuses(run(skill, {"op": "delete", "target": line})) == [
-            ("delete", "skipped", "target in protected region")
-        ]
+            ("delete", "skipped", "target in protected region")]
     for line in ("free 1", "free 2", "free 3"):
         assert run(skill, {"op": "delete", "target": line})[0] == skill.replace(line + "\n", "")
 
 
 def test_statuses_carry_the_edits_index_and_op_whatever_happened():
     skill = BODY + "see below <!-- APPENDIX_START -->\n- kept\n<!-- APPENDIX_END -->\n"
-    result = run(
-        skill,
-        "not an edit",
-        {"op": 5},
-        {"op": "delete", "target": "zzz"},
-        {"op": "delete", "target": "- kept"},
-        {"op": "insert_after", "target": "see below", "content": "x"},
-        {"op": "delete", "target": "Amounts are in cents."},
-    )
+    result = run(skill, "not an edit", {"op": 5}, {"op": "delete", "target": "zzz"},
+                 {"op": "delete", "target": "- kept"}, {"op": "insert_after", "target": "see below", "content": "x"},
+                 {"op": "delete", "target": "Amounts are in cents."})
     assert [(s.index, s.op, s.status) for s in result[1]] == [
-        (0, "", "skipped"),
-        (1, "", "skipped"),
-        (2, "delete", "skipped"),
-        (3, "delete", "skipped"),
-        (4, "insert_after", "skipped"),
-        (5, "delete", "applied"),
-    ]
+        (0, "", "skipped"), (1, "", "skipped"), (2, "delete", "skipped"), (3, "delete", "skipped"),
+        (4, "insert_after", "skipped"), (5, "delete", "applied")]
     assert result[1][4].reason == "insertion point in protected region"
 
 

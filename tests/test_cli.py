@@ -30,6 +30,11 @@ def cli(server, launch_dir: Path, run_dir: Path, *args: str, env: dict | None = 
     return run_cli(*args, f"hydra.run.dir={run_dir}", *point, cwd=launch_dir, env=env)
 
 
+
+
+
+
+
 def mlflow_client(launch_dir: Path):
     import mlflow
 
@@ -56,18 +61,16 @@ def mlflow_state(launch_dir: Path, experiment: str) -> list[dict]:
         def listing(path=None, run_id=run_id):
             return {a.path for a in client.list_artifacts(run_id, path)}
 
-        state.append(
-            {
-                "run_id": run_id,
-                "status": run.info.status,
-                "artifact_uri": run.info.artifact_uri,
-                "params": dict(run.data.params),
-                "metrics": dict(run.data.metrics),
-                "tags": dict(run.data.tags),
-                "kept_history": sorted((m.step, m.value) for m in client.get_metric_history(run_id, "minibatch/kept")),
-                "artifacts": {p: listing(p) for p in (None, "patches", "calls/minibatch_fail_000", "run")},
-            }
-        )
+        state.append({
+            "run_id": run_id,
+            "status": run.info.status,
+            "artifact_uri": run.info.artifact_uri,
+            "params": dict(run.data.params),
+            "metrics": dict(run.data.metrics),
+            "tags": dict(run.data.tags),
+            "kept_history": sorted((m.step, m.value) for m in client.get_metric_history(run_id, "minibatch/kept")),
+            "artifacts": {p: listing(p) for p in (None, "patches", "calls/minibatch_fail_000", "run")},
+        })
     return state
 
 
@@ -112,9 +115,8 @@ def demo(tmp_path_factory, migrated_store):
                 "summary": summary_of(run_dir) if (run_dir / "summary.json").is_file() else None,
                 "patch_bytes": file_bytes(run_dir / "patches") if (run_dir / "patches").is_dir() else {},
                 "patches": patches_of(run_dir) if (run_dir / "patches").is_dir() else {},
-                "summary_bytes": (
-                    (run_dir / "summary.json").read_bytes() if (run_dir / "summary.json").is_file() else b""
-                ),
+                "summary_bytes": ((run_dir / "summary.json").read_bytes() if (run_dir / "summary.json").is_file()
+                                  else b""),
                 "hydra_bytes": file_bytes(run_dir / ".hydra") if (run_dir / ".hydra").is_dir() else {},
                 "mlflow": mlflow_state(launch, "reflact-demo"),
             }
@@ -217,18 +219,8 @@ def test_demo_run_is_logged_to_mlflow(demo):
     assert params["template_hash.failure"] != params["template_hash.success"]
 
     metrics = run["metrics"]
-    for key in (
-        "M",
-        "L",
-        "seed",
-        "mode",
-        "calls",
-        "edits_kept",
-        "edits_proposed",
-        "edits_truncated",
-        "tokens_prompt",
-        "wall_time_s",
-    ):
+    for key in ("M", "L", "seed", "mode", "calls", "edits_kept", "edits_proposed", "edits_truncated",
+                "tokens_prompt", "wall_time_s"):
         assert key in metrics, key
     assert "cost_usd" not in metrics and "spent_usd" not in metrics  # `test` has no price: unknown, not 0
     assert (metrics["M"], metrics["L"], metrics["seed"], metrics["mode"]) == (8, 4, 42, 0)
@@ -243,11 +235,8 @@ def test_demo_run_is_logged_to_mlflow(demo):
     artifacts = run["artifacts"]
     assert {"patches", "calls", "run"} <= artifacts[None]
     assert {f"patches/{t}.json" for t in DEMO_TAGS} <= artifacts["patches"]
-    assert {
-        "calls/minibatch_fail_000/system.md",
-        "calls/minibatch_fail_000/user.md",
-        "calls/minibatch_fail_000/reply_1.txt",
-    } <= artifacts["calls/minibatch_fail_000"]
+    assert {"calls/minibatch_fail_000/system.md", "calls/minibatch_fail_000/user.md",
+            "calls/minibatch_fail_000/reply_1.txt"} <= artifacts["calls/minibatch_fail_000"]
     assert "run/summary.json" in artifacts["run"]
 
     # artifacts live beside the store under outputs/, not in a ./mlruns of the launch dir
@@ -295,11 +284,8 @@ ERROR_CASES = [
     pytest.param(["+exp=demo", "reflect.minibatch_size=abc"], ["reflect.minibatch_size"], id="wrong-type"),
     pytest.param(["+exp=demo", "reflect.minibatch_size=0"], ["reflect.minibatch_size"], id="minibatch-size-0"),
     pytest.param(["+exp=demo", "reflect.update_mode=bogus"], ["reflect.update_mode", "bogus"], id="unknown-mode"),
-    pytest.param(
-        ["+exp=demo", "reflect.skill_aware.appendix_source=x"],
-        ["reflect.skill_aware.appendix_source"],
-        id="unknown-appendix-source",
-    ),
+    pytest.param(["+exp=demo", "reflect.skill_aware.appendix_source=x"], ["reflect.skill_aware.appendix_source"],
+                 id="unknown-appendix-source"),
     pytest.param(["+exp=nope"], ["exp", "nope"], id="unknown-exp"),
     pytest.param([], ["data.dir"], id="no-dataset"),
     pytest.param(["+exp=demo", "prompts.error=missing.md"], ["prompts.error", "missing.md"], id="missing-prompt-file"),
@@ -335,15 +321,8 @@ def test_unknown_key_with_plus_prefix_is_an_error(tmp_path, server, launch_dir):
 
 def test_no_key_and_no_base_url_is_an_error(tmp_path, server, launch_dir):
     # OPENAI_BASE_URL points the SDK at the test server: nothing may reach it all the same
-    proc = cli(
-        server,
-        launch_dir,
-        tmp_path / "run",
-        "+exp=demo",
-        "optimizer.model=test",
-        base_url=False,
-        env={"OPENAI_BASE_URL": server.base_url},
-    )
+    proc = cli(server, launch_dir, tmp_path / "run", "+exp=demo", "optimizer.model=test", base_url=False,
+               env={"OPENAI_BASE_URL": server.base_url})
     line = assert_one_line_error(proc, ["OPENAI_API_KEY", "optimizer.base_url"])
     assert "key" in line.lower()
     assert server.count == 0
@@ -399,17 +378,8 @@ def test_inline_prompt_override_and_meta_skill_file_reach_the_server(tmp_path, s
     inline = "You are the failure analyst INLINE-SYS-PROMPT-7; reply with exactly one JSON object"
     meta = tmp_path / "meta_skill.md"
     meta.write_text("- Prefer the smallest edit that fixes a pattern (META-LESSON-42).\n", encoding="utf-8")
-    ok(
-        cli(
-            server,
-            launch_dir,
-            run_dir,
-            "+exp=demo",
-            f"prompts.error='{inline}'",
-            f"reflect.meta_skill={meta}",
-            "mlflow.enabled=false",
-        )
-    )
+    ok(cli(server, launch_dir, run_dir, "+exp=demo", f"prompts.error='{inline}'", f"reflect.meta_skill={meta}",
+           "mlflow.enabled=false"))
     assert_complete_run_dir(run_dir)
     assert server.count == 4
     failure_calls = [r for r in server.requests if is_failure_call(r)]
@@ -437,15 +407,8 @@ def test_inline_prompt_override_and_meta_skill_file_reach_the_server(tmp_path, s
 def test_dry_run_calls_nothing_and_estimates(tmp_path, server, launch_dir):
     run_dir = tmp_path / "run"
     # no key and no base_url; OPENAI_BASE_URL would lead any stray SDK call to the test server
-    proc = cli(
-        server,
-        launch_dir,
-        run_dir,
-        "+exp=demo",
-        "optimizer=dry_run",
-        base_url=False,
-        env={"OPENAI_BASE_URL": server.base_url},
-    )
+    proc = cli(server, launch_dir, run_dir, "+exp=demo", "optimizer=dry_run", base_url=False,
+               env={"OPENAI_BASE_URL": server.base_url})
     ok(proc)
     assert server.count == 0
     for tag in DEMO_TAGS:
@@ -463,14 +426,8 @@ def test_dry_run_calls_nothing_and_estimates(tmp_path, server, launch_dir):
 @pytest.mark.slow
 def test_unreachable_tracking_server_keeps_local_outputs(tmp_path, server, launch_dir):
     run_dir = tmp_path / "run"
-    proc = cli(
-        server,
-        launch_dir,
-        run_dir,
-        "+exp=demo",
-        "mlflow.tracking_uri=http://127.0.0.1:9",
-        env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"},
-    )
+    proc = cli(server, launch_dir, run_dir, "+exp=demo", "mlflow.tracking_uri=http://127.0.0.1:9",
+               env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"})
     ok(proc)
     assert_complete_run_dir(run_dir)
     assert summary_of(run_dir)["counts"]["minibatches_done"] == 4
@@ -485,11 +442,9 @@ def test_unreachable_tracking_server_keeps_local_outputs(tmp_path, server, launc
 # a dataset with no results (SPEC 2: the stage still logs its empty summary)
 
 
-@pytest.mark.parametrize(
-    "content",
-    ["", pytest.param("\n  \n", marks=pytest.mark.slow), pytest.param("[]\n", marks=pytest.mark.slow)],
-    ids=["empty", "blank-lines", "empty-array"],
-)
+@pytest.mark.parametrize("content", ["", pytest.param("\n  \n", marks=pytest.mark.slow),
+                                     pytest.param("[]\n", marks=pytest.mark.slow)],
+                         ids=["empty", "blank-lines", "empty-array"])
 def test_empty_results_file_makes_no_call_and_logs_an_empty_summary(tmp_path, server, launch_dir, content):
     data = tmp_path / "data"
     shutil.copytree(PROJECT / "examples" / "demo", data)
@@ -501,9 +456,8 @@ def test_empty_results_file_makes_no_call_and_logs_an_empty_summary(tmp_path, se
     summary = summary_of(run_dir)
     assert summary["minibatches"] == [] and summary["skipped"] == {}
     counts = summary["counts"]
-    assert {
-        key: counts[key] for key in ("results", "failures", "successes", "minibatches", "calls", "edits_kept")
-    } == dict.fromkeys(("results", "failures", "successes", "minibatches", "calls", "edits_kept"), 0)
+    assert {key: counts[key] for key in ("results", "failures", "successes", "minibatches", "calls", "edits_kept")} \
+        == dict.fromkeys(("results", "failures", "successes", "minibatches", "calls", "edits_kept"), 0)
     assert counts["cost_usd"] is None and counts["apply_share"] == 0  # `test` has no price
     assert (run_dir / "report.md").is_file() and (run_dir / "kept_items.jsonl").read_text() == ""
     assert not list((run_dir / "patches").iterdir())

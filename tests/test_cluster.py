@@ -31,9 +31,8 @@ def composed(*overrides: str):
     """The whole config with Hydra's node, resolvable as in a job (`${hydra:...}` included)."""
     reflact_config.register()
     with initialize_config_dir(config_dir=str(PROJECT / "conf"), version_base="1.3"):
-        cfg = compose(
-            config_name="config", overrides=reflact_config.hydra_spelling(overrides), return_hydra_config=True
-        )
+        cfg = compose(config_name="config", overrides=reflact_config.hydra_spelling(overrides),
+                      return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     return cfg
 
@@ -48,13 +47,8 @@ def files_holding(folder: Path, secret: str) -> list[str]:
 def test_the_slurm_preset_composes_with_no_key_set_and_copies_none(monkeypatch, spelling):
     for name in KEY_VARIABLES:  # a plain OpenAI user has no Azure key; here none is set at all
         monkeypatch.delenv(name, raising=False)
-    cfg = composed(
-        "+exp=demo",
-        spelling,
-        "mlflow.experiment=other",
-        "mlflow.tracking_uri=http://127.0.0.1:5000",
-        "reflect.edit_budget=2",
-    )
+    cfg = composed("+exp=demo", spelling, "mlflow.experiment=other", "mlflow.tracking_uri=http://127.0.0.1:5000",
+                   "reflect.edit_budget=2")
     hydra = cfg.hydra
     assert hydra.launcher._target_.endswith("SlurmLauncher")
     assert not hydra.job.env_copy and not hydra.job.env_set  # no key variable is copied into the config
@@ -88,28 +82,16 @@ def test_the_ray_preset_without_its_plugin_names_the_extra(tmp_path):
 @pytest.mark.skipif(not SUBMITIT, reason="hydra-submitit-launcher is not installed (pip install 'reflact[slurm]')")
 def test_a_submitit_sweep_with_the_slurm_preset_writes_the_key_nowhere(tmp_path, launch_dir):
     with OptimizerServer() as server:
-        proc = run_cli(
-            "-m",
-            "+exp=demo",
-            "+cluster=slurm",
-            "hydra/launcher=submitit_local",
-            "optimizer=compatible",
-            f"optimizer.base_url={server.base_url}",
-            "optimizer.model=test",
-            "reflect.edit_budget=1,2",
-            cwd=launch_dir,
-            env={"OPENAI_COMPATIBLE_API_KEY": CANARY},
-            timeout=600,
-        )
+        proc = run_cli("-m", "+exp=demo", "+cluster=slurm", "hydra/launcher=submitit_local", "optimizer=compatible",
+                       f"optimizer.base_url={server.base_url}", "optimizer.model=test", "reflect.edit_budget=1,2",
+                       cwd=launch_dir, env={"OPENAI_COMPATIBLE_API_KEY": CANARY}, timeout=600)
         ok(proc)
         # the key reached both jobs through the environment submitit passes on
         assert server.count > 0 and set(server.authorizations) == {f"Bearer {CANARY}"}
     sweep = launch_dir / "outputs" / "sweeps" / "demo"
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir() and p.name.startswith("+exp="))
-    assert jobs == [
-        "+exp=demo,optimizer.model=test,optimizer=compatible,reflect.edit_budget=1",
-        "+exp=demo,optimizer.model=test,optimizer=compatible,reflect.edit_budget=2",
-    ]
+    assert jobs == ["+exp=demo,optimizer.model=test,optimizer=compatible,reflect.edit_budget=1",
+                    "+exp=demo,optimizer.model=test,optimizer=compatible,reflect.edit_budget=2"]
     assert (sweep / ".submitit").is_dir() and (sweep / "multirun.yaml").is_file()
     assert files_holding(launch_dir, CANARY) == []  # the sweep dir, its pickles, the store, the cache
 
@@ -155,18 +137,8 @@ def test_a_ray_sweep_from_another_directory_lands_in_one_sweep_dir(tmp_path, lau
     node = tmp_path / "node"
     node.mkdir()
     out = tmp_path / "result.json"
-    command = [
-        "unshare",
-        "--net",
-        "--map-root-user",
-        sys.executable,
-        "-c",
-        RAY_SWEEP,
-        str(node),
-        str(launch_dir),
-        str(out),
-        CANARY,
-    ]
+    command = ["unshare", "--net", "--map-root-user", sys.executable, "-c", RAY_SWEEP,
+               str(node), str(launch_dir), str(out), CANARY]
     subprocess.run(command, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}, check=True, timeout=1500)
     result = json.loads(out.read_text())
     temp = Path(result["temp"])

@@ -31,7 +31,8 @@ def write_results(root: Path, lines: list[str]) -> Path:
             run_id = json.loads(line).get("id")
         except (ValueError, AttributeError, RecursionError):  # hostile lines get no folder
             continue
-        if isinstance(run_id, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,255}", run_id) and run_id not in (".", ".."):
+        if (isinstance(run_id, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,255}", run_id)
+                and run_id not in (".", "..")):
             folder = root / "predictions" / run_id
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "conversation.json").write_text(json.dumps(CONV), encoding="utf-8")
@@ -122,12 +123,8 @@ def test_extras_fall_back_to_the_runs_txt_files(tmp_path):
     dataset = load(data)
     traj = load_trajectory(dataset, dataset.results[0])
     assert traj.conversation == CONV
-    assert traj.extras == {
-        "reference_text": "the truth",
-        "target_system_prompt": "SYS from file",
-        "target_user_prompt": "USER from file",
-        "spreadsheet_preview": "A1,B1",
-    }
+    assert traj.extras == {"reference_text": "the truth", "target_system_prompt": "SYS from file",
+                           "target_user_prompt": "USER from file", "spreadsheet_preview": "A1,B1"}
 
 
 def test_inline_extra_wins_over_its_file(tmp_path):
@@ -152,11 +149,8 @@ def test_missing_and_empty_conversations_are_skipped_with_reason(tmp_path):
     data = write_dataset(tmp_path / "d", n_fail=3, n_succ=3, missing=1, empty=2)
     dataset = load(data)
     assert len(dataset.results) == 6
-    assert dataset.skipped == {
-        "run_00000": "missing conversation",
-        "run_00001": "empty conversation",
-        "run_00002": "empty conversation",
-    }
+    assert dataset.skipped == {"run_00000": "missing conversation", "run_00001": "empty conversation",
+                               "run_00002": "empty conversation"}
 
 
 def test_empty_conversation_file_is_skipped_not_corrupt(tmp_path):
@@ -173,7 +167,7 @@ def test_results_line_not_json_names_file_and_line(tmp_path):
     assert f"{data / 'results.jsonl'}:3" in user_error(data)
 
 
-@pytest.mark.parametrize("line", ["[1, 2]", '"a"', "7", "null"])
+@pytest.mark.parametrize("line", ['[1, 2]', '"a"', "7", "null"])
 def test_results_line_not_an_object_names_file_and_line(tmp_path, line):
     data = write_results(tmp_path / "d", [row("a"), line])
     assert f"{data / 'results.jsonl'}:2" in user_error(data)
@@ -191,10 +185,8 @@ def test_result_without_hard_names_file_and_line(tmp_path):
     assert f"{data / 'results.jsonl'}:2" in message and "hard" in message and "missing" in message
 
 
-@pytest.mark.parametrize(
-    "hard",
-    ['"1"', '"0"', "null", "true", "false", "NaN", "Infinity", "[1]", "{}", "1" + "0" * 400, "-1" + "0" * 400, "1e400"],
-)
+@pytest.mark.parametrize("hard", ['"1"', '"0"', "null", "true", "false", "NaN", "Infinity", "[1]", "{}",
+                                  "1" + "0" * 400, "-1" + "0" * 400, "1e400"])
 def test_non_numeric_hard_names_file_and_line(tmp_path, hard):
     data = write_results(tmp_path / "d", [f'{{"id": "b", "hard": {hard}}}'])
     message = user_error(data)
@@ -212,39 +204,12 @@ def test_duplicate_ids_across_number_and_string(tmp_path):
     assert "duplicate" in user_error(data)
 
 
-@pytest.mark.parametrize(
-    "bad_id",
-    [
-        "..",
-        ".",
-        "a/b",
-        "../x",
-        "/abs",
-        "a\\b",
-        "",
-        "   ",
-        "a\x00b",
-        "a\nb",
-        "a\tb",
-        None,
-        True,
-        1.5,
-        ["a"],
-        # other line breaks and controls: they would forge prompt lines
-        "a\x0bb",
-        "a\x0cb",
-        "a\x1cb",
-        "a\x7fb",
-        "a\x85b",
-        "a\x9bb",
-        "a\u2028b",
-        "a\u2029b",
-        "a\ud800b",  # a lone surrogate: no file name, no UTF-8
-        "x" * 256,
-        "é" * 128,
-        10**300,
-    ],
-)  # over 255 bytes as a folder name
+@pytest.mark.parametrize("bad_id", ["..", ".", "a/b", "../x", "/abs", "a\\b", "", "   ", "a\x00b", "a\nb", "a\tb",
+                                    None, True, 1.5, ["a"],
+                                    # other line breaks and controls: they would forge prompt lines
+                                    "a\x0bb", "a\x0cb", "a\x1cb", "a\x7fb", "a\x85b", "a\x9bb", "a\u2028b", "a\u2029b",
+                                    "a\ud800b",  # a lone surrogate: no file name, no UTF-8
+                                    "x" * 256, "é" * 128, 10 ** 300])  # over 255 bytes as a folder name
 def test_unsafe_ids_are_rejected_naming_file_and_line(tmp_path, bad_id):
     data = write_results(tmp_path / "d", [row("ok"), json.dumps({"id": bad_id, "hard": 0})])
     message = user_error(data)
@@ -359,15 +324,12 @@ def deep(levels: int) -> str:
     return "[" * levels + "]" * levels
 
 
-@pytest.mark.parametrize(
-    "line",
-    [
-        '{"id": "b", "hard": 0, "extra": ' + deep(100_000) + "}",  # past the stack: RecursionError in json
-        '{"id": "b", "hard": 0, "extra": ' + deep(200) + "}",  # within the stack, past the limit
-        deep(100_000),  # the whole line (it starts like a JSON array file)
-        '{"id": "b", "hard": 0, "n_turns": ' + "9" * 5000 + "}",  # past sys.get_int_max_str_digits()
-    ],
-)
+@pytest.mark.parametrize("line", [
+    '{"id": "b", "hard": 0, "extra": ' + deep(100_000) + "}",  # past the stack: RecursionError in json
+    '{"id": "b", "hard": 0, "extra": ' + deep(200) + "}",  # within the stack, past the limit
+    deep(100_000),  # the whole line (it starts like a JSON array file)
+    '{"id": "b", "hard": 0, "n_turns": ' + "9" * 5000 + "}",  # past sys.get_int_max_str_digits()
+])
 def test_json_python_cannot_hold_is_bad_input_naming_file_and_line(tmp_path, line):
     data = write_results(tmp_path / "d", [row("a"), line] if not line.startswith("[") else [line])
     number = 1 if line.startswith("[") else 2
@@ -377,9 +339,8 @@ def test_json_python_cannot_hold_is_bad_input_naming_file_and_line(tmp_path, lin
 
 def test_deep_json_array_results_file_names_the_line(tmp_path):
     data = write_results(tmp_path / "d", [row("a")])
-    (data / "results.jsonl").write_text(
-        '[\n{"id": "a", "hard": 0},\n{"id": "b", "hard": 0, "x": ' + deep(50_000) + "}\n]"
-    )
+    (data / "results.jsonl").write_text('[\n{"id": "a", "hard": 0},\n{"id": "b", "hard": 0, "x": ' + deep(50_000)
+                                        + "}\n]")
     message = user_error(data)
     assert f"{data / 'results.jsonl'}:3:" in message and "nested deeper than" in message
 
@@ -611,13 +572,8 @@ def test_hostile_input_is_a_one_line_error_with_exit_code_2(tmp_path, make):
     else:
         replace_with_link(data / "skill.md", outside_file(tmp_path, "skill.md", SECRET))
         names = [str(data / "skill.md"), "links outside"]
-    proc = run_cli(
-        f"data.dir={data}",
-        "optimizer.base_url=http://127.0.0.1:9",
-        "mlflow.enabled=false",
-        f"hydra.run.dir={tmp_path / 'run'}",
-        cwd=tmp_path,
-    )
+    proc = run_cli(f"data.dir={data}", "optimizer.base_url=http://127.0.0.1:9", "mlflow.enabled=false",
+                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("reflact: error:"), proc.stderr

@@ -28,15 +28,8 @@ def closed_port_url() -> str:
 
 
 def experiment(tmp_path, data, base_url, *overrides):
-    cfg = make_config(
-        f"data.dir={data}",
-        f"optimizer.base_url={base_url}",
-        "optimizer.model=test",
-        "reflect.minibatch_size=4",
-        "mlflow.enabled=false",
-        *FAST,
-        *overrides,
-    )
+    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={base_url}", "optimizer.model=test",
+                      "reflect.minibatch_size=4", "mlflow.enabled=false", *FAST, *overrides)
     return run_experiment(cfg, {}, tmp_path / "run", Launch(tmp_path))
 
 
@@ -50,16 +43,9 @@ def refusing(status: int):
 def test_a_closed_port_is_one_line_naming_the_url_and_the_run_ends_failed(tmp_path, launch_dir):
     url = closed_port_url()
     data = write_dataset(tmp_path / "d", n_fail=8, n_succ=8)
-    done = run_cli(
-        f"data.dir={data}",
-        "optimizer=compatible",
-        f"optimizer.base_url={url}",
-        "optimizer.model=test",
-        "reflect.minibatch_size=4",
-        "hydra.run.dir=outputs/runs/dead",
-        cwd=launch_dir,
-        env={"OPENAI_COMPATIBLE_API_KEY": "sk-do-not-show-0123456789"},
-    )
+    done = run_cli(f"data.dir={data}", "optimizer=compatible", f"optimizer.base_url={url}", "optimizer.model=test",
+                   "reflect.minibatch_size=4", "hydra.run.dir=outputs/runs/dead", cwd=launch_dir,
+                   env={"OPENAI_COMPATIBLE_API_KEY": "sk-do-not-show-0123456789"})
     assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()
     assert lines[-1].startswith(f"reflact: run failed: the optimizer at {url}/ did not answer"), lines[-1]
@@ -78,9 +64,8 @@ def test_401_on_every_first_attempt_stops_with_the_key_variable_to_check(tmp_pat
     with OptimizerServer(refusing(401)) as server, caplog.at_level(logging.INFO, logger="reflact"):
         result = experiment(tmp_path, data, server.base_url, "reflect.workers=2")
     assert result.status == "FAILED"
-    assert result.reason.startswith(
-        f"the optimizer at {server.base_url}/ did not answer the first requests (HTTP 401: "
-    )
+    assert result.reason.startswith(f"the optimizer at {server.base_url}/ did not answer the first requests "
+                                    "(HTTP 401: ")
     assert "check the key in $OPENAI_API_KEY (optimizer.api_key_env)" in result.reason
     # no retry, and no request after the first answers: at most one per worker
     assert 1 <= server.count <= 2
@@ -117,13 +102,8 @@ def test_once_the_server_answered_a_401_fails_only_its_minibatch(tmp_path):
 
 
 def test_a_connection_lost_after_a_reply_is_retried_with_a_line_per_retry(tmp_path, caplog):
-    cfg = make_config(
-        "data.dir=unused",
-        "optimizer.model=test",
-        "optimizer.retry.max_attempts=3",
-        *FAST,
-        "optimizer.base_url=http://127.0.0.1:1/v1",
-    )
+    cfg = make_config("data.dir=unused", "optimizer.model=test", "optimizer.retry.max_attempts=3", *FAST,
+                      "optimizer.base_url=http://127.0.0.1:1/v1")
     with OptimizerServer() as server:
         cfg.optimizer.base_url = server.base_url
         client = make_client(cfg.optimizer, tmp_path, environ={})
@@ -132,18 +112,15 @@ def test_a_connection_lost_after_a_reply_is_retried_with_a_line_per_retry(tmp_pa
         client.complete(MESSAGES, 10, label="minibatch_fail_001")
     assert failed.value.retries == 2 and not failed.value.fatal and not client.fault
     lines = [r.getMessage() for r in caplog.records]
-    assert [line.split(" after ")[0] for line in lines] == [
-        "minibatch_fail_001: attempt 2/3",
-        "minibatch_fail_001: attempt 3/3",
-    ]
+    assert [line.split(" after ")[0] for line in lines] == ["minibatch_fail_001: attempt 2/3",
+                                                            "minibatch_fail_001: attempt 3/3"]
     assert all("connection failed" in line for line in lines)
 
 
 def test_429_then_ok_shows_the_retry_line_and_the_run_finishes(tmp_path, caplog):
     data = write_dataset(tmp_path / "d", n_fail=4, n_succ=0)
     script = lambda request, number: (  # noqa: E731
-        Response(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "0"}) if number == 1 else None
-    )
+        Response(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "0"}) if number == 1 else None)
     with OptimizerServer(script) as server, caplog.at_level(logging.INFO, logger="reflact"):
         result = experiment(tmp_path, data, server.base_url)
     assert result.status == "FINISHED" and server.count == 2
@@ -158,10 +135,8 @@ def test_a_500_before_any_reply_is_still_retried(tmp_path, caplog):
         result = experiment(tmp_path, data, server.base_url)
     assert result.status == "FINISHED" and server.count == 3
     retries = [r.getMessage() for r in caplog.records if "attempt" in r.getMessage()]
-    assert [line.split(" (waiting")[0] for line in retries] == [
-        "minibatch_fail_000: attempt 2/6 after HTTP 500",
-        "minibatch_fail_000: attempt 3/6 after HTTP 500",
-    ]
+    assert [line.split(" (waiting")[0] for line in retries] == ["minibatch_fail_000: attempt 2/6 after HTTP 500",
+                                                                "minibatch_fail_000: attempt 3/6 after HTTP 500"]
 
 
 # 6. a model without a price ----------------------------------------------------------------------
@@ -252,11 +227,8 @@ def test_a_mistake_before_any_call_leaves_no_new_folder(tmp_path, name):
         spoil(data)
     launch = tmp_path / "launch"
     launch.mkdir()
-    base = (
-        []
-        if "optimizer=openai" in overrides
-        else ["optimizer=compatible", "optimizer.base_url=http://127.0.0.1:9/v1", "optimizer.model=test"]
-    )
+    base = [] if "optimizer=openai" in overrides else ["optimizer=compatible", "optimizer.base_url=http://127.0.0.1:9/v1",
+                                                        "optimizer.model=test"]
     done = run_cli(f"data.dir={data}", *base, *overrides, "mlflow.enabled=false", cwd=launch)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("reflact: error: ") and "Traceback" not in done.stderr
@@ -267,14 +239,8 @@ def test_a_rerun_with_a_mistake_leaves_the_existing_run_dir_as_it_was(tmp_path, 
     data = write_dataset(tmp_path / "d", n_fail=4, n_succ=0)
     launch = tmp_path / "launch"
     launch.mkdir()
-    common = [
-        f"data.dir={data}",
-        "optimizer=compatible",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "mlflow.enabled=false",
-        "hydra.run.dir=outputs/runs/mine",
-    ]
+    common = [f"data.dir={data}", "optimizer=compatible", f"optimizer.base_url={server.base_url}",
+              "optimizer.model=test", "mlflow.enabled=false", "hydra.run.dir=outputs/runs/mine"]
     assert run_cli(*common, cwd=launch).returncode == 0
     run_dir = launch / "outputs" / "runs" / "mine"
     before = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
@@ -292,24 +258,13 @@ def test_reflect_api_leaves_no_folder_after_a_mistake(tmp_path):
 
     launch = tmp_path / "launch"
     with pytest.raises(UserError):
-        reflact.reflect(
-            results=[{"id": "r1", "task_description": "no score"}],
-            skill="# s\n",
-            conversations={"r1": []},
-            overrides=["optimizer=dry_run"],
-            launch_dir=launch,
-        )
+        reflact.reflect(results=[{"id": "r1", "task_description": "no score"}], skill="# s\n",
+                        conversations={"r1": []}, overrides=["optimizer=dry_run"], launch_dir=launch)
     assert not (launch / "outputs" / "runs").exists()
     kept = tmp_path / "kept"
     (kept / "inputs").mkdir(parents=True)
     (kept / "notes.txt").write_text("mine")
     with pytest.raises(UserError):
-        reflact.reflect(
-            results=[{"id": "r1"}],
-            skill="# s\n",
-            conversations={"r1": []},
-            overrides=["optimizer=dry_run"],
-            run_dir=kept,
-            launch_dir=launch,
-        )
+        reflact.reflect(results=[{"id": "r1"}], skill="# s\n", conversations={"r1": []},
+                        overrides=["optimizer=dry_run"], run_dir=kept, launch_dir=launch)
     assert (kept / "notes.txt").read_text() == "mine"

@@ -27,13 +27,7 @@ def test_both_spellings_name_the_same_job_folders_as_before():
         hydra = composed(spelling, "reflect.edit_budget=2").hydra
         assert hydra.job.override_dirname == "+exp=demo,reflect.edit_budget=2"  # as sweeps always named them
     assert reflact_config.hydra_spelling(["exp=demo", "+exp=x", "exp.key=1", "-m", "cluster=ray", "name=exp=1"]) == [
-        "+exp=demo",
-        "+exp=x",
-        "exp.key=1",
-        "-m",
-        "+cluster=ray",
-        "name=exp=1",
-    ]
+        "+exp=demo", "+exp=x", "exp.key=1", "-m", "+cluster=ray", "name=exp=1"]
 
 
 def test_hydras_settings_are_in_their_own_file():
@@ -74,16 +68,8 @@ def test_a_library_warning_goes_to_the_runs_log(tmp_path):
     conf.mkdir()
     (conf / "mine.yaml").write_text(MINE)
     run = tmp_path / "run"
-    proc = run_cli(
-        "--config-dir",
-        str(conf),
-        "--config-name",
-        "mine",
-        "+exp=demo",
-        "optimizer=dry_run",
-        f"hydra.run.dir={run}",
-        cwd=tmp_path,
-    )
+    proc = run_cli("--config-dir", str(conf), "--config-name", "mine", "+exp=demo", "optimizer=dry_run",
+                   f"hydra.run.dir={run}", cwd=tmp_path)
     ok(proc)
     assert "Warning" not in proc.stderr and "_self_" not in proc.stderr
     log = Path(run / "run.log").read_text()

@@ -49,14 +49,9 @@ IDS = re.compile(r"^### Trajectory \d+ of \d+ \(id: (.+)\)$", re.M)
 def config(tmp_path, server, dataset_dir, *overrides):
     """The config run_stage uses: tiny retry waits, response cache off unless turned on after."""
     return make_config(
-        f"data.dir={dataset_dir}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.retry.initial_wait_s=0.01",
-        "optimizer.retry.max_wait_s=0.05",
-        "optimizer.cache=off",
-        f"reflect.minibatch_size={M}",
-        *overrides,
+        f"data.dir={dataset_dir}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+        "optimizer.retry.initial_wait_s=0.01", "optimizer.retry.max_wait_s=0.05", "optimizer.cache=off",
+        f"reflect.minibatch_size={M}", *overrides,
     )
 
 
@@ -119,10 +114,8 @@ FAULTS = {
     "503": (lambda r: Response(503, error_body("unavailable")), "retries"),
     "hang": (lambda r: Response(body=chat_body(valid_text(r)), delay_s=2.0), "retries"),
     "garbage": (lambda r: Response(body=chat_body("Sure! <<not json at all>> ]]} {{")), "reasks"),
-    "truncated": (
-        lambda r: Response(body=chat_body(valid_text(r)[: len(valid_text(r)) // 2], finish_reason="length")),
-        "reasks",
-    ),
+    "truncated": (lambda r: Response(body=chat_body(valid_text(r)[: len(valid_text(r)) // 2],
+                                                    finish_reason="length")), "reasks"),
 }
 
 
@@ -186,8 +179,7 @@ def test_first_attempt_of_every_call_fails_costs_one_extra_request(tmp_path, ser
     assert all(o.cache_hits >= 1 and o.calls == 0 for o in fresh)
     for o in fresh:
         assert (tmp_path / "run2" / "patches" / f"{o.tag}.json").read_text() == (
-            tmp_path / "run" / "patches" / f"{o.tag}.json"
-        ).read_text()
+            tmp_path / "run" / "patches" / f"{o.tag}.json").read_text()
 
 
 def test_retry_after_zero_wins_over_a_long_backoff(tmp_path, server, dataset):
@@ -195,14 +187,8 @@ def test_retry_after_zero_wins_over_a_long_backoff(tmp_path, server, dataset):
     script = FailFirst(FAULTS["429_retry_after_0"][0])
     server.script = script
     # 4 workers: no connect queues behind the test server's listen backlog (5) and adds to a gap
-    outcomes = run_stage(
-        tmp_path,
-        server,
-        dataset,
-        "optimizer.retry.initial_wait_s=5",
-        "optimizer.retry.max_wait_s=5",
-        "reflect.workers=4",
-    )
+    outcomes = run_stage(tmp_path, server, dataset, "optimizer.retry.initial_wait_s=5",
+                         "optimizer.retry.max_wait_s=5", "reflect.workers=4")
     assert_all_valid(tmp_path / "run", outcomes)
     assert server.count == 2 * N_MINIBATCHES
     gaps = [later - first for first, later in script.arrivals.values()]
@@ -214,9 +200,8 @@ def test_retry_after_ms_is_honoured(tmp_path, server, dataset):
     server.script = script
     # a first backoff of at most 2 ms (initial wait plus jitter): only the header can make the wait
     # reach 40 ms; max_wait_s (which caps a hint too) leaves it room
-    outcomes = run_stage(
-        tmp_path, server, dataset, "optimizer.retry.initial_wait_s=0.001", "optimizer.retry.max_wait_s=1"
-    )
+    outcomes = run_stage(tmp_path, server, dataset, "optimizer.retry.initial_wait_s=0.001",
+                         "optimizer.retry.max_wait_s=1")
     assert_all_valid(tmp_path / "run", outcomes)
     assert server.count == 2 * N_MINIBATCHES
     assert all(o.retries == 1 for o in outcomes)
@@ -255,23 +240,10 @@ def test_retry_after_header_forms():
     assert retry_after_s(None) is None
 
 
-@pytest.mark.parametrize(
-    "status,transient",
-    [
-        (400, False),
-        (401, False),
-        (403, False),
-        (404, False),
-        (422, False),
-        (408, True),
-        (409, True),
-        (429, True),
-        (500, True),
-        (502, True),
-        (503, True),
-        (504, True),
-    ],
-)
+@pytest.mark.parametrize("status,transient", [
+    (400, False), (401, False), (403, False), (404, False), (422, False),
+    (408, True), (409, True), (429, True), (500, True), (502, True), (503, True), (504, True),
+])
 def test_which_http_statuses_are_transient(status, transient):
     request = httpx.Request("POST", "http://127.0.0.1/v1/chat/completions")
     error = openai.APIStatusError("x", response=httpx.Response(status, request=request), body=None)
@@ -286,16 +258,8 @@ def test_which_http_statuses_are_transient(status, transient):
 
 def reject_schema(request: dict, number: int) -> Response | None:
     if (request.get("response_format") or {}).get("type") == "json_schema":
-        return Response(
-            400,
-            {
-                "error": {
-                    "message": "response_format json_schema is not supported",
-                    "type": "invalid_request_error",
-                    "code": None,
-                }
-            },
-        )
+        return Response(400, {"error": {"message": "response_format json_schema is not supported",
+                                        "type": "invalid_request_error", "code": None}})
     return None
 
 
@@ -312,9 +276,8 @@ def test_auto_structured_output_drops_a_rejected_schema_for_the_rest_of_the_run(
     assert [o.retries for o in outcomes] == [1] + [0] * (N_MINIBATCHES - 1)
     assert all(o.call_log[-1]["structured"] == "off" for o in outcomes)
     # a new run (a new client) tries the schema again
-    run_stage(
-        tmp_path, server, dataset, "optimizer.structured_output=auto", "reflect.workers=1", run_dir=tmp_path / "run2"
-    )
+    run_stage(tmp_path, server, dataset, "optimizer.structured_output=auto", "reflect.workers=1",
+              run_dir=tmp_path / "run2")
     assert server.requests[N_MINIBATCHES + 1]["response_format"]["type"] == "json_schema"
 
 
@@ -342,7 +305,7 @@ def test_structured_output_settings_shape_the_request(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=4, n_succ=4)
     for n, setting in enumerate(["auto", "json_schema", "json_object", "off"]):
         run_stage(tmp_path, server, data, f"optimizer.structured_output={setting}", run_dir=tmp_path / f"run{n}")
-    auto, schema, json_object, off = (server.requests[i : i + 2] for i in range(0, 8, 2))
+    auto, schema, json_object, off = (server.requests[i:i + 2] for i in range(0, 8, 2))
     for request in auto + schema:
         fmt = request["response_format"]
         assert fmt["type"] == "json_schema"
@@ -383,7 +346,8 @@ def test_always_failing_minibatch_is_recorded_and_redone_alone(tmp_path, server,
     server.script = None
     again = run_stage(tmp_path, server, dataset, "optimizer.retry.max_attempts=3")
     assert server.count == N_MINIBATCHES + 3
-    assert {o.tag: o.status for o in again} == {o.tag: ("done" if o.tag == doomed.tag else "reused") for o in outcomes}
+    assert {o.tag: o.status for o in again} == {o.tag: ("done" if o.tag == doomed.tag else "reused")
+                                               for o in outcomes}
     assert IDS.findall(conversation_key(server.requests[-1])) == [r.id for r in doomed.results]
 
 
@@ -403,12 +367,10 @@ def test_an_unreachable_server_fails_every_minibatch_at_once(tmp_path, server):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     data = write_dataset(tmp_path / "d", n_fail=8, n_succ=0)
-    cfg = config(
-        tmp_path, server, data, f"optimizer.base_url=http://127.0.0.1:{port}/v1", "optimizer.retry.max_attempts=2"
-    )
-    outcomes = Stage(
-        cfg, load_dataset(cfg.data), make_client(cfg.optimizer, tmp_path, environ={}), tmp_path / "run"
-    ).run()
+    cfg = config(tmp_path, server, data, f"optimizer.base_url=http://127.0.0.1:{port}/v1",
+                 "optimizer.retry.max_attempts=2")
+    outcomes = Stage(cfg, load_dataset(cfg.data), make_client(cfg.optimizer, tmp_path, environ={}),
+                     tmp_path / "run").run()
     assert len(outcomes) == 2
     for o in outcomes:
         assert o.status == "failed" and o.error.startswith("connection failed"), o.error
@@ -448,8 +410,7 @@ def test_cache_answers_a_rerun_in_a_new_run_dir(tmp_path, server, small):
     assert all(o.spent_usd == 0 for o in second)  # a hit costs nothing now
     for o in second:
         assert (tmp_path / "r2" / "patches" / f"{o.tag}.json").read_text() == (
-            tmp_path / "r1" / "patches" / f"{o.tag}.json"
-        ).read_text()
+            tmp_path / "r1" / "patches" / f"{o.tag}.json").read_text()
     # cache=off asks again
     run_stage(tmp_path, server, small, "optimizer.cache=off", run_dir=tmp_path / "r3")
     assert server.count == 6
@@ -500,12 +461,10 @@ def test_another_sample_in_the_same_run_dir_is_a_fresh_draw(tmp_path, server, sm
 def test_other_settings_miss_the_cache(tmp_path, server, small):
     run_stage(tmp_path, server, small, *with_cache(tmp_path), run_dir=tmp_path / "r1")
     run_stage(tmp_path, server, small, *with_cache(tmp_path), "optimizer.temperature=0.5", run_dir=tmp_path / "r2")
-    run_stage(
-        tmp_path, server, small, *with_cache(tmp_path), "optimizer.structured_output=off", run_dir=tmp_path / "r3"
-    )
-    run_stage(
-        tmp_path, server, small, *with_cache(tmp_path), "optimizer.max_output_tokens=999", run_dir=tmp_path / "r4"
-    )
+    run_stage(tmp_path, server, small, *with_cache(tmp_path), "optimizer.structured_output=off",
+              run_dir=tmp_path / "r3")
+    run_stage(tmp_path, server, small, *with_cache(tmp_path), "optimizer.max_output_tokens=999",
+              run_dir=tmp_path / "r4")
     assert server.count == 12
 
 
@@ -514,11 +473,13 @@ def test_a_finally_failed_minibatch_is_not_replayed_from_cache(tmp_path, server,
     server.script = lambda r, n: Response(body=chat_body(json.dumps(bad)))
     first = run_stage(tmp_path, server, small, *with_cache(tmp_path), "reflect.max_reasks=1", run_dir=tmp_path / "r1")
     assert server.count == 6 and all(o.status == "failed" and "target" in o.error for o in first)
-    second = run_stage(tmp_path, server, small, *with_cache(tmp_path), "reflect.max_reasks=1", run_dir=tmp_path / "r2")
+    second = run_stage(tmp_path, server, small, *with_cache(tmp_path), "reflect.max_reasks=1",
+                       run_dir=tmp_path / "r2")
     assert server.count == 12  # asked again, not replayed
     assert all(o.status == "failed" and o.cache_hits == 0 for o in second)
     server.script = None
-    third = run_stage(tmp_path, server, small, *with_cache(tmp_path), "reflect.max_reasks=1", run_dir=tmp_path / "r3")
+    third = run_stage(tmp_path, server, small, *with_cache(tmp_path), "reflect.max_reasks=1",
+                      run_dir=tmp_path / "r3")
     assert server.count == 15 and all(o.status == "done" and o.cache_hits == 0 for o in third)
 
 
@@ -529,9 +490,8 @@ def test_unusable_reply_before_a_failed_call_is_not_replayed(tmp_path, server, s
         return Response(500, error_body("down"))  # every re-ask fails
 
     server.script = script
-    first = run_stage(
-        tmp_path, server, small, *with_cache(tmp_path), "optimizer.retry.max_attempts=2", run_dir=tmp_path / "r1"
-    )
+    first = run_stage(tmp_path, server, small, *with_cache(tmp_path), "optimizer.retry.max_attempts=2",
+                      run_dir=tmp_path / "r1")
     assert all(o.status == "failed" and o.error.startswith("HTTP 500") for o in first)
     server.script = None
     second = run_stage(tmp_path, server, small, *with_cache(tmp_path), run_dir=tmp_path / "r2")
@@ -547,9 +507,8 @@ PRICED = ["optimizer.model=gpt-5"]
 
 
 def test_cost_is_computed_from_the_price_table(tmp_path, server, small):
-    outcomes = run_stage(
-        tmp_path, server, small, *PRICED, "optimizer.prices.gpt-5={input:1.0,cached_input:0.5,output:2.0}"
-    )
+    outcomes = run_stage(tmp_path, server, small, *PRICED,
+                         "optimizer.prices.gpt-5={input:1.0,cached_input:0.5,output:2.0}")
     for o in outcomes:
         assert (o.usage.prompt, o.usage.cached, o.usage.completion) == (100, 20, 50)
         assert o.cost_usd == pytest.approx((80 * 1.0 + 20 * 0.5 + 50 * 2.0) / 1e6)
@@ -562,9 +521,8 @@ CAPPED = ["optimizer.prices.gpt-5={input:0,cached_input:0,output:10000}", "optim
 
 @pytest.mark.parametrize("workers", [1, 8])
 def test_spend_never_passes_the_cap_whatever_the_number_of_workers(tmp_path, server, dataset, workers):
-    outcomes = run_stage(
-        tmp_path, server, dataset, *PRICED, *CAPPED, "optimizer.max_cost_usd=2.2", f"reflect.workers={workers}"
-    )
+    outcomes = run_stage(tmp_path, server, dataset, *PRICED, *CAPPED, "optimizer.max_cost_usd=2.2",
+                         f"reflect.workers={workers}")
     # a call starts only when its worst case fits beside what was spent and is in flight: after
     # three calls ($1.50 spent) a fourth could reach $2.50
     assert server.count == 3
@@ -601,9 +559,8 @@ def test_a_capped_model_without_a_price_is_refused(tmp_path):
 
 
 def test_a_price_for_a_new_model_can_be_given_on_the_command_line(tmp_path):
-    cfg = make_config(
-        f"data.dir={tmp_path}", "optimizer.model=test", "+optimizer.prices.test={input:1000000,cached_input:0,output:0}"
-    )
+    cfg = make_config(f"data.dir={tmp_path}", "optimizer.model=test",
+                      "+optimizer.prices.test={input:1000000,cached_input:0,output:0}")
     assert cfg.optimizer.prices["test"].input == 1000000
 
 
@@ -792,6 +749,7 @@ def test_dry_run_experiment_logs_a_cost_estimate(tmp_path, server, dataset, capl
     assert f"${summary['counts']['cost_usd']:.4f}" in line
 
 
+
 # 9. a hostile or broken server: malformed bodies, Retry-After, trickling, the cache key, close ---
 
 MESSAGES = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
@@ -800,15 +758,9 @@ DROP = object()  # altered(): remove the key
 
 def client_for(tmp_path, server, *overrides, environ=None):
     """A client of the loopback server with tiny retry waits and no cache (unless overridden)."""
-    cfg = make_config(
-        f"data.dir={tmp_path}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.retry.initial_wait_s=0.01",
-        "optimizer.retry.max_wait_s=0.05",
-        "optimizer.cache=off",
-        *overrides,
-    )
+    cfg = make_config(f"data.dir={tmp_path}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.retry.initial_wait_s=0.01", "optimizer.retry.max_wait_s=0.05", "optimizer.cache=off",
+                      *overrides)
     return make_client(cfg.optimizer, tmp_path, environ=environ or {})
 
 
@@ -828,10 +780,8 @@ def altered(*path_and_value) -> dict:
 
 MALFORMED = {
     # name: (the body of a 200, what the call's cause starts with after "malformed reply: ")
-    "html_proxy_page": (
-        "<html><body>502 Bad Gateway</body></html>",
-        "the body is not JSON ('<html><body>502 Bad Gateway</body></html>')",
-    ),
+    "html_proxy_page": ("<html><body>502 Bad Gateway</body></html>",
+                        "the body is not JSON ('<html><body>502 Bad Gateway</body></html>')"),
     "empty_body": ("", "the body is empty"),
     "not_utf8": (b'{"choices": "\xff\xfe"}', "the body is not JSON"),
     "nested_beyond_the_parser": ("[" * 100_000 + "]" * 100_000, "the body is not JSON"),
@@ -850,10 +800,8 @@ MALFORMED = {
     "message_string": (altered("choices", 0, "message", "hello"), "choices[0].message is a string"),
     "message_list": (altered("choices", 0, "message", ["hello"]), "choices[0].message is a list"),
     "content_list": (altered("choices", 0, "message", "content", ["hello"]), "choices[0].message.content is a list"),
-    "content_object": (
-        altered("choices", 0, "message", "content", {"text": "hello"}),
-        "choices[0].message.content is an object",
-    ),
+    "content_object": (altered("choices", 0, "message", "content", {"text": "hello"}),
+                       "choices[0].message.content is an object"),
     "content_number": (altered("choices", 0, "message", "content", 42), "choices[0].message.content is a number"),
     "content_boolean": (altered("choices", 0, "message", "content", True), "choices[0].message.content is a boolean"),
     "finish_reason_list": (altered("choices", 0, "finish_reason", ["stop"]), "choices[0].finish_reason is a list"),
@@ -918,53 +866,27 @@ USAGE = {
     "prompt_tokens_fractional": (altered("usage", "prompt_tokens", 10.5), Usage(0, 20, 50, 10), "usage.prompt_tokens"),
     "prompt_tokens_boolean": (altered("usage", "prompt_tokens", True), Usage(0, 20, 50, 10), "usage.prompt_tokens"),
     "prompt_tokens_huge": (altered("usage", "prompt_tokens", 10**30), Usage(0, 20, 50, 10), "usage.prompt_tokens"),
-    "prompt_tokens_5000_digits": (
-        json.dumps(chat_body("hello")).replace('"prompt_tokens": 100', '"prompt_tokens": ' + "9" * 5000),
-        Usage(0, 20, 50, 10),
-        "usage.prompt_tokens",
-    ),
-    "prompt_tokens_infinite": (
-        json.dumps(chat_body("hello")).replace('"prompt_tokens": 100', '"prompt_tokens": 1e999'),
-        Usage(0, 20, 50, 10),
-        "usage.prompt_tokens",
-    ),
-    "prompt_tokens_nan": (
-        json.dumps(chat_body("hello")).replace('"prompt_tokens": 100', '"prompt_tokens": NaN'),
-        Usage(0, 20, 50, 10),
-        "usage.prompt_tokens",
-    ),
+    "prompt_tokens_5000_digits": (json.dumps(chat_body("hello")).replace('"prompt_tokens": 100', '"prompt_tokens": '
+                                                                         + "9" * 5000),
+                                  Usage(0, 20, 50, 10), "usage.prompt_tokens"),
+    "prompt_tokens_infinite": (json.dumps(chat_body("hello")).replace('"prompt_tokens": 100', '"prompt_tokens": 1e999'),
+                               Usage(0, 20, 50, 10), "usage.prompt_tokens"),
+    "prompt_tokens_nan": (json.dumps(chat_body("hello")).replace('"prompt_tokens": 100', '"prompt_tokens": NaN'),
+                          Usage(0, 20, 50, 10), "usage.prompt_tokens"),
     "prompt_tokens_whole_float": (altered("usage", "prompt_tokens", 100.0), Usage(100, 20, 50, 10), None),
-    "completion_tokens_list": (
-        altered("usage", "completion_tokens", [50]),
-        Usage(100, 20, 0, 10),
-        "usage.completion_tokens",
-    ),
-    "prompt_details_string": (
-        altered("usage", "prompt_tokens_details", "x"),
-        Usage(100, 0, 50, 10),
-        "usage.prompt_tokens_details",
-    ),
+    "completion_tokens_list": (altered("usage", "completion_tokens", [50]), Usage(100, 20, 0, 10),
+                               "usage.completion_tokens"),
+    "prompt_details_string": (altered("usage", "prompt_tokens_details", "x"), Usage(100, 0, 50, 10),
+                              "usage.prompt_tokens_details"),
     "prompt_details_null": (altered("usage", "prompt_tokens_details", None), Usage(100, 0, 50, 10), None),
-    "cached_tokens_string": (
-        altered("usage", "prompt_tokens_details", "cached_tokens", "20"),
-        Usage(100, 0, 50, 10),
-        "usage.prompt_tokens_details.cached_tokens",
-    ),
-    "cached_more_than_prompt": (
-        altered("usage", "prompt_tokens_details", "cached_tokens", 150),
-        Usage(100, 100, 50, 10),
-        "usage.prompt_tokens_details.cached_tokens",
-    ),
-    "completion_details_list": (
-        altered("usage", "completion_tokens_details", [10]),
-        Usage(100, 20, 50, 0),
-        "usage.completion_tokens_details",
-    ),
-    "reasoning_tokens_negative": (
-        altered("usage", "completion_tokens_details", "reasoning_tokens", -1),
-        Usage(100, 20, 50, 0),
-        "usage.completion_tokens_details.reasoning_tokens",
-    ),
+    "cached_tokens_string": (altered("usage", "prompt_tokens_details", "cached_tokens", "20"), Usage(100, 0, 50, 10),
+                             "usage.prompt_tokens_details.cached_tokens"),
+    "cached_more_than_prompt": (altered("usage", "prompt_tokens_details", "cached_tokens", 150),
+                                Usage(100, 100, 50, 10), "usage.prompt_tokens_details.cached_tokens"),
+    "completion_details_list": (altered("usage", "completion_tokens_details", [10]), Usage(100, 20, 50, 0),
+                                "usage.completion_tokens_details"),
+    "reasoning_tokens_negative": (altered("usage", "completion_tokens_details", "reasoning_tokens", -1),
+                                  Usage(100, 20, 50, 0), "usage.completion_tokens_details.reasoning_tokens"),
 }
 
 
@@ -1028,21 +950,9 @@ def test_timeout_bounds_the_whole_request_against_a_trickling_server(tmp_path, s
 
 
 SCHEMA = {"type": "object", "properties": {"patch": {"type": "object"}}}
-KEY_BASE = {
-    "server": "a",
-    "provider": "openai",
-    "deployment": "dep-a",
-    "api_version": "2024-10-21",
-    "model": "test",
-    "messages": MESSAGES,
-    "allowance": 10,
-    "token_limit_param": "max_completion_tokens",
-    "temperature": 0.0,
-    "reasoning_effort": "high",
-    "structured_output": "json_schema",
-    "schema": SCHEMA,
-    "sample": 0,
-}
+KEY_BASE = {"server": "a", "provider": "openai", "deployment": "dep-a", "api_version": "2024-10-21", "model": "test",
+            "messages": MESSAGES, "allowance": 10, "token_limit_param": "max_completion_tokens", "temperature": 0.0,
+            "reasoning_effort": "high", "structured_output": "json_schema", "schema": SCHEMA, "sample": 0}
 AZURE = {"provider": "azure"}
 KEY_FIELDS = {
     # field: (the base request's changes to KEY_BASE, the one change that must miss the cache)
@@ -1065,24 +975,16 @@ KEY_FIELDS = {
 def cached_ask(tmp_path, servers, **changes):
     """One request through a new client on a shared response cache."""
     s = {**KEY_BASE, **changes}
-    overrides = [
-        f"optimizer.model={s['model']}",
-        f"optimizer.token_limit_param={s['token_limit_param']}",
-        f"optimizer.temperature={s['temperature']}",
-        f"optimizer.reasoning_effort={s['reasoning_effort']}",
-        f"optimizer.structured_output={s['structured_output']}",
-        f"optimizer.sample={s['sample']}",
-        *with_cache(tmp_path),
-    ]
+    overrides = [f"optimizer.model={s['model']}", f"optimizer.token_limit_param={s['token_limit_param']}",
+                 f"optimizer.temperature={s['temperature']}", f"optimizer.reasoning_effort={s['reasoning_effort']}",
+                 f"optimizer.structured_output={s['structured_output']}", f"optimizer.sample={s['sample']}",
+                 *with_cache(tmp_path)]
     server = servers[s["server"]]
     if s["provider"] == "azure":
-        overrides += [
-            "optimizer=azure",
-            "optimizer.base_url=null",
-            f"optimizer.azure.endpoint={server.base_url.removesuffix('/v1')}",
-            f"optimizer.azure.deployment={s['deployment']}",
-            f"optimizer.azure.api_version={s['api_version']}",
-        ]
+        overrides += ["optimizer=azure", "optimizer.base_url=null",
+                      f"optimizer.azure.endpoint={server.base_url.removesuffix('/v1')}",
+                      f"optimizer.azure.deployment={s['deployment']}",
+                      f"optimizer.azure.api_version={s['api_version']}"]
     with closing(client_for(tmp_path, server, *overrides, environ={"AZURE_OPENAI_API_KEY": "k"})) as client:
         return client.complete(s["messages"], s["allowance"], s["schema"])
 

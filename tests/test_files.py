@@ -38,11 +38,8 @@ def write_each_way(root: Path) -> list[Path]:
     return [root / "a" / "text.md", root / "b" / "patch.json", root / "c" / "d" / "items.jsonl"]
 
 
-@pytest.mark.parametrize(
-    "mask,file_mode,dir_mode",
-    [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700), (0o002, 0o664, 0o775)],
-    ids=["022", "077", "002"],
-)
+@pytest.mark.parametrize("mask,file_mode,dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700),
+                                                     (0o002, 0o664, 0o775)], ids=["022", "077", "002"])
 def test_outputs_honour_the_umask(tmp_path, umask, mask, file_mode, dir_mode):
     umask(mask)
     written = write_each_way(tmp_path)
@@ -98,7 +95,8 @@ def test_full_disk_is_one_line_naming_the_file_and_what_to_do(tmp_path, full_dis
     with pytest.raises(UserError) as caught:
         write_json(path, {"patch": {}}, durable=True)
     message = str(caught.value)
-    assert message == (f"no space left on the device writing {path}: free space and rerun with the same hydra.run.dir")
+    assert message == (f"no space left on the device writing {path}: free space and rerun with the same "
+                       "hydra.run.dir")
     assert isinstance(caught.value, files.DiskFull) and caught.value.path == path
     again = pickle.loads(pickle.dumps(caught.value))  # as a launcher's worker process would send it
     assert isinstance(again, files.DiskFull) and str(again) == message
@@ -165,10 +163,8 @@ def test_full_disk_ends_a_command_with_exit_code_2_and_one_line(tmp_path, full_d
         command()
     err = capsys.readouterr().err
     assert caught.value.code == 2
-    assert (
-        err == f"reflact: error: no space left on the device writing {path}: free space and rerun with the "
-        "same hydra.run.dir\n"
-    )
+    assert err == f"reflact: error: no space left on the device writing {path}: free space and rerun with the " \
+                  "same hydra.run.dir\n"
 
 
 def test_a_file_already_holding_the_bytes_is_left_as_it_is(tmp_path):

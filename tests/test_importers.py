@@ -210,42 +210,27 @@ def test_unanswered_call_orphan_reply_and_late_system_message_are_kept(tmp_path)
 @pytest.mark.parametrize(
     "fmt, content, message",
     [
-        ("taubench", '[{"task_id": 1,', "tau.in:1: not JSON"),
+        ("taubench", "[{\"task_id\": 1,", "tau.in:1: not JSON"),
         ("taubench", '{"task_id": 1}', "expected a JSON list of tau-bench runs, got dict"),
         ("taubench", "[]", "no runs in the file"),
         ("taubench", "[3]", "item 1: a run must be a JSON object"),
-        (
-            "taubench",
-            json.dumps([{"task_id": 1, "traj": []}]),
-            "item 1: 'reward' must be a number (the run's score), got missing",
-        ),
-        (
-            "taubench",
-            json.dumps([{"task_id": 1, "reward": "1", "traj": []}]),
-            "item 1: 'reward' must be a number (the run's score), got '1'",
-        ),
+        ("taubench", json.dumps([{"task_id": 1, "traj": []}]),
+         "item 1: 'reward' must be a number (the run's score), got missing"),
+        ("taubench", json.dumps([{"task_id": 1, "reward": "1", "traj": []}]),
+         "item 1: 'reward' must be a number (the run's score), got '1'"),
         ("taubench", json.dumps([{"task_id": 1, "reward": True, "traj": []}]), "'reward' must be a number"),
         ("taubench", json.dumps([{"task_id": 1, "reward": 1}]), "item 1: run has no 'traj'"),
         ("taubench", json.dumps([{"reward": 1, "traj": []}]), "item 1: run has no 'task_id'"),
-        ("taubench", json.dumps([{"task_id": "../x", "reward": 1, "traj": []}]), "item 1: unsafe id 'task../x_trial0'"),
+        ("taubench", json.dumps([{"task_id": "../x", "reward": 1, "traj": []}]),
+         "item 1: unsafe id 'task../x_trial0'"),
+        ("taubench", json.dumps([{"task_id": 1, "reward": 1, "traj": {}}]),
+         "item 1, traj: expected a list of chat messages"),
+        ("taubench", json.dumps([{"task_id": 1, "reward": 1, "traj": [{"content": "x"}]}]),
+         "item 1, traj, message 1: message has no 'role'"),
         (
             "taubench",
-            json.dumps([{"task_id": 1, "reward": 1, "traj": {}}]),
-            "item 1, traj: expected a list of chat messages",
-        ),
-        (
-            "taubench",
-            json.dumps([{"task_id": 1, "reward": 1, "traj": [{"content": "x"}]}]),
-            "item 1, traj, message 1: message has no 'role'",
-        ),
-        (
-            "taubench",
-            json.dumps(
-                [
-                    {"task_id": 1, "trial": 0, "reward": 1, "traj": []},
-                    {"task_id": 1, "trial": 0, "reward": 0, "traj": []},
-                ]
-            ),
+            json.dumps([{"task_id": 1, "trial": 0, "reward": 1, "traj": []},
+                        {"task_id": 1, "trial": 0, "reward": 0, "traj": []}]),
             "item 2: duplicate id 'task1_trial0' (first at",
         ),
         ("chat_jsonl", '{"messages": [], "score": 1}\nnot json\n', "tau.in:2: not JSON"),

@@ -23,7 +23,7 @@ from tests.conftest import PROJECT, run_cli, write_dataset
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
 # the hook runs in every process the run starts (sitecustomize), writing one line per violation
-AUDIT_SITE = """
+AUDIT_SITE = '''
 import os, sys, threading
 
 _out = os.path.join(os.environ["REFLACT_IMPORT_AUDIT"], f"{os.getpid()}.txt")
@@ -48,7 +48,7 @@ def _hook(event, args):
 
 
 sys.addaudithook(_hook)
-"""
+'''
 
 
 def deferred_imports_outside_the_lock(source: str) -> list[str]:
@@ -82,16 +82,12 @@ def _imports_another_package(node: ast.AST) -> bool:
 
 
 def test_the_checker_sees_an_unlocked_deferred_import():
-    source = (
-        "import numpy\n"
-        "def f():\n    import numpy\n    import json\n    from reflact import x\n"
-        "def g():\n    with one_at_a_time():\n        import numpy\n        importlib.import_module('scipy')\n"
-        "def h():\n    importlib.import_module('scipy')\n"
-    )
-    assert deferred_imports_outside_the_lock(source) == [
-        "line 3: import numpy",
-        "line 11: importlib.import_module('scipy')",
-    ]
+    source = ("import numpy\n"
+              "def f():\n    import numpy\n    import json\n    from reflact import x\n"
+              "def g():\n    with one_at_a_time():\n        import numpy\n        importlib.import_module('scipy')\n"
+              "def h():\n    importlib.import_module('scipy')\n")
+    assert deferred_imports_outside_the_lock(source) == ["line 3: import numpy",
+                                                         "line 11: importlib.import_module('scipy')"]
 
 
 def test_every_deferred_import_of_another_package_takes_the_lock():
@@ -129,13 +125,8 @@ def test_a_run_and_its_reruns_load_no_module_outside_the_lock(server, launch_dir
     new run dir answered wholly from the cache (the quickest end, where the old race struck)."""
     env, violations = audited
     data = write_dataset(tmp_path / "data", n_fail=6, n_succ=6)
-    point = [
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "reflect.minibatch_size=3",
-        "optimizer=compatible",
-    ]
+    point = [f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+             "reflect.minibatch_size=3", "optimizer=compatible"]
     for run in ("first", "first", "cached"):
         _ok(run_cli(*point, f"hydra.run.dir={tmp_path / run}", cwd=launch_dir, env=env))
         assert violations() == []
@@ -148,21 +139,14 @@ def test_a_rerun_with_every_patch_reused_never_loads_the_sdk(server, launch_dir,
     rerun's start) is never imported; the first run, which asks, does import it (without the
     aiohttp transport it would bring along)."""
     data = write_dataset(tmp_path / "data", n_fail=3, n_succ=3)
-    point = [
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer=compatible",
-        "mlflow.enabled=false",
-        f"hydra.run.dir={tmp_path / 'run'}",
-    ]
+    point = [f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+             "optimizer=compatible", "mlflow.enabled=false", f"hydra.run.dir={tmp_path / 'run'}"]
     loaded = []
     for _ in ("first", "again"):
         proc = run_cli(*point, cwd=launch_dir, env={"PYTHONPROFILEIMPORTTIME": "1"})
         assert proc.returncode == 0, proc.stderr[-3000:]
-        loaded.append(
-            {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
-        )
+        loaded.append({line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
+                       if line.startswith("import time:")})
     assert {"openai", "reflact.calls.client"} <= loaded[0]
     assert "aiohttp" not in loaded[0]  # the SDK's aiohttp transport is never used: not loaded either
     assert not {"openai", "reflact.calls.client"} & loaded[1]
@@ -174,11 +158,9 @@ def test_the_audit_catches_a_thread_importing_without_the_lock(tmp_path, audited
     import subprocess
 
     env, violations = audited
-    code = (
-        "import threading\n"
-        "t = threading.Thread(target=lambda: __import__('colorsys'), name='reflact-warm')\n"
-        "t.start(); t.join()\n"
-    )
+    code = ("import threading\n"
+            "t = threading.Thread(target=lambda: __import__('colorsys'), name='reflact-warm')\n"
+            "t.start(); t.join()\n")
     subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, **env}, check=True)
     assert violations() == ["colorsys loaded on reflact-warm while no other ran"]
 
@@ -188,13 +170,8 @@ def test_runs_that_end_at_once_end_cleanly_every_time(server, launch_dir, tmp_pa
     """The symptom itself, where it struck: runs answered wholly from the cache end within a few
     tenths of a second of starting, while the tracker and the warm-up are still importing."""
     data = write_dataset(tmp_path / "data", n_fail=4, n_succ=4)
-    point = [
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "reflect.minibatch_size=2",
-        "optimizer=compatible",
-    ]
+    point = [f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+             "reflect.minibatch_size=2", "optimizer=compatible"]
     for attempt in range(6):  # the wheel's soak in .ci/wheel_surface.sh runs more of them
         _ok(run_cli(*point, f"hydra.run.dir={tmp_path / f'run{attempt}'}", cwd=launch_dir))
     assert server.count == 4  # the first run asked; the five after it were answered by the cache

@@ -54,9 +54,8 @@ def imports_of(path: Path) -> set[str]:
 def graph() -> dict[str, set[str]]:
     # the package's own __init__ (its version, `reflact.reflect` loaded on first use) is left out:
     # every import of a submodule imports it first, whatever the direction
-    return {
-        module_name(p): imports_of(p) - {module_name(p)} for p in PACKAGE.rglob("*.py") if p != PACKAGE / "__init__.py"
-    }
+    return {module_name(p): imports_of(p) - {module_name(p)} for p in PACKAGE.rglob("*.py")
+            if p != PACKAGE / "__init__.py"}
 
 
 def layer(module: str) -> int:
@@ -82,7 +81,7 @@ def test_no_import_circle():
         state[node] = 1
         for dep in sorted(edges.get(node, ())):
             if state.get(dep) == 1:
-                circles.append(" -> ".join(path[path.index(dep) :] + [dep]))
+                circles.append(" -> ".join(path[path.index(dep):] + [dep]))
             elif dep not in state:
                 visit(dep, path + [dep])
         state[node] = 2
@@ -101,10 +100,8 @@ def test_the_checks_see_an_upward_import_and_a_circle(tmp_path, monkeypatch):
     (package / "running" / "a.py").write_text("from reflact.sweeps import b\n")
     (package / "sweeps" / "b.py").write_text("def f():\n    from reflact.running import a\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
-    assert {m: sorted(d) for m, d in graph().items()} == {
-        "reflact.running.a": ["reflact.sweeps.b"],
-        "reflact.sweeps.b": ["reflact.running.a"],
-    }
+    assert {m: sorted(d) for m, d in graph().items()} == {"reflact.running.a": ["reflact.sweeps.b"],
+                                                          "reflact.sweeps.b": ["reflact.running.a"]}
     with pytest.raises(AssertionError, match="reflact.running.a -> reflact.sweeps.b"):
         test_no_import_points_upward()
     with pytest.raises(AssertionError, match="reflact.running.a -> reflact.sweeps.b -> reflact.running.a"):

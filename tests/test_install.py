@@ -27,19 +27,8 @@ from tests.conftest import PROJECT, ok, write_dataset
 pytestmark = pytest.mark.slow
 
 # what a build must not see: local state of the checkout
-_NOT_SOURCES = shutil.ignore_patterns(
-    ".git",
-    ".venv",
-    "venv",
-    "build",
-    "dist",
-    "outputs",
-    "*.egg-info",
-    "__pycache__",
-    ".pytest_cache",
-    ".hypothesis",
-    "mlruns",
-)
+_NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", "venv", "build", "dist", "outputs", "*.egg-info",
+                                      "__pycache__", ".pytest_cache", ".hypothesis", "mlruns")
 SHIPPED = {"conf": "reflact/_conf", "prompts": "reflact/_prompts", "examples/demo": "reflact/_demo"}
 
 
@@ -62,9 +51,8 @@ def _installed(name: str) -> bool:
 
 def _pip(*args: str, cwd: Path | None = None) -> None:
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
+    proc = subprocess.run([sys.executable, "-m", "pip", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, f"pip {' '.join(args)}\n{proc.stdout}\n{proc.stderr}"
 
 
@@ -91,12 +79,8 @@ def make_venv(root: Path) -> Path:
     path follows its own, for reflact's dependencies."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=300)
     python = root / ("Scripts" if os.name == "nt" else "bin") / ("python.exe" if os.name == "nt" else "python")
-    own = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
     # every folder this interpreter imports from (site-packages, and what .pth files there add),
     # except the checkout, which would shadow the installed reflact
     deps = [p for p in dict.fromkeys(sys.path) if p and Path(p).is_dir() and Path(p).resolve() != PROJECT.resolve()]
@@ -118,6 +102,7 @@ def run(python: Path, *args: str, cwd: Path, script: bool = False) -> subprocess
     env["MLFLOW_DISABLE_TELEMETRY"] = "true"
     command = [str(python.parent / "reflact")] if script else [str(python), "-m", "reflact.run"]
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
 
 
 def imported_from(python: Path, cwd: Path) -> Path:
@@ -142,20 +127,12 @@ def counts(run_dir: Path) -> dict:
 
 def test_the_wheel_carries_every_config_template_and_demo_file(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    expected = {
-        f"{inside}/{path.relative_to(PROJECT / folder).as_posix()}"
-        for folder, inside in SHIPPED.items()
-        for path in (PROJECT / folder).rglob("*")
-        if path.is_file() and "__pycache__" not in path.parts
-    }
+    expected = {f"{inside}/{path.relative_to(PROJECT / folder).as_posix()}"
+                for folder, inside in SHIPPED.items() for path in (PROJECT / folder).rglob("*")
+                if path.is_file() and "__pycache__" not in path.parts}
     assert expected - names == set()
-    assert {
-        "reflact/_conf/config.yaml",
-        "reflact/_conf/exp/demo.yaml",
-        "reflact/_prompts/analyst_error.md",
-        "reflact/_demo/skill.md",
-        "reflact/_demo/results.jsonl",
-    } <= names
+    assert {"reflact/_conf/config.yaml", "reflact/_conf/exp/demo.yaml", "reflact/_prompts/analyst_error.md",
+            "reflact/_demo/skill.md", "reflact/_demo/results.jsonl"} <= names
     assert any(name.startswith("reflact/_demo/predictions/") for name in names)
     assert not [name for name in names if name.startswith(("tests/", "conf/", "prompts/", "examples/"))]
 
@@ -202,28 +179,13 @@ def test_the_demo_dry_run_uses_the_shipped_data_and_writes_under_the_launch_dir(
 
 def test_the_shipped_stand_in_serves_a_demo_run_and_the_skillopt_entry_imports(installed, tmp_path):
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    server = subprocess.Popen(
-        [str(installed), "-m", "reflact.testing.optimizer_server"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    server = subprocess.Popen([str(installed), "-m", "reflact.testing.optimizer_server"], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, text=True)
     try:
         base_url = server.stdout.readline().strip()
         assert base_url.startswith("http://127.0.0.1:") and base_url.endswith("/v1")
-        ok(
-            run(
-                installed,
-                "+exp=demo",
-                "optimizer=compatible",
-                f"optimizer.base_url={base_url}",
-                "optimizer.model=test",
-                "mlflow.enabled=false",
-                cwd=tmp_path,
-                script=True,
-            )
-        )
+        ok(run(installed, "+exp=demo", "optimizer=compatible", f"optimizer.base_url={base_url}",
+               "optimizer.model=test", "mlflow.enabled=false", cwd=tmp_path, script=True))
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -240,9 +202,7 @@ def user_project(root: Path) -> Path:
     (root / "conf" / "exp").mkdir(parents=True)
     (root / "conf" / "exp" / "mine.yaml").write_text(
         "# @package _global_\nname: mine\ndata:\n  dir: data/mine\nreflect:\n  minibatch_size: 2\n"
-        "mlflow:\n  enabled: false\n",
-        encoding="utf-8",
-    )
+        "mlflow:\n  enabled: false\n", encoding="utf-8")
     return root
 
 
@@ -271,17 +231,8 @@ def test_an_unknown_experiment_in_a_users_config_dir_is_one_line(installed, tmp_
 
 def test_an_editable_install_runs_the_demo_from_anywhere(source, tmp_path_factory, tmp_path):
     python = make_venv(tmp_path_factory.mktemp("editable") / "v")
-    _pip(
-        "--python",
-        str(python),
-        "install",
-        "--no-deps",
-        "--no-build-isolation",
-        "--no-index",
-        "--quiet",
-        "-e",
-        str(source),
-    )
+    _pip("--python", str(python), "install", "--no-deps", "--no-build-isolation", "--no-index", "--quiet",
+         "-e", str(source))
     assert imported_from(python, tmp_path).is_relative_to(source.resolve())
     ok(run(python, "+exp=demo", "optimizer=dry_run", "mlflow.enabled=false", cwd=tmp_path, script=True))
     assert counts(only_run_dir(tmp_path))["results"] == 30

@@ -10,11 +10,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "reflact"
 SOURCES = sorted(PACKAGE.rglob("*.py"))
 # file and folder names of the run dir (reflact/rundir.py owns them)
-LAYOUT = re.compile(
-    r"""/ ["'](patches|calls|preview)["']|["'](patches|calls|preview)/|"""
-    r"""(outcome\.json|summary\.json|kept_items\.jsonl|report\.md|mlflow_run\.json|user\.md|"""
-    r"""system\.md|reply_\{)"""
-)
+LAYOUT = re.compile(r"""/ ["'](patches|calls|preview)["']|["'](patches|calls|preview)/|"""
+                    r"""(outcome\.json|summary\.json|kept_items\.jsonl|report\.md|mlflow_run\.json|user\.md|"""
+                    r"""system\.md|reply_\{)""")
 
 
 def test_no_function_over_40_lines_and_no_class_over_150():
@@ -44,11 +42,8 @@ def test_the_run_dir_layout_is_spelled_in_rundir_only():
             continue
         text = path.read_text(encoding="utf-8")
         skip = docstring_lines(ast.parse(text))
-        spelled += [
-            f"{path.name}:{number}"
-            for number, line in enumerate(text.splitlines(), 1)
-            if number not in skip and LAYOUT.search(line.split("#")[0])
-        ]
+        spelled += [f"{path.name}:{number}" for number, line in enumerate(text.splitlines(), 1)
+                    if number not in skip and LAYOUT.search(line.split("#")[0])]
     assert not spelled
 
 
@@ -58,10 +53,6 @@ def test_no_branch_on_a_missing_client():
 
 def test_the_stand_in_optimizer_is_reached_only_when_asked_for():
     """reflact.testing ships in the wheel for tests and try-outs; no module of reflact's own imports it."""
-    users = [
-        path.name
-        for path in SOURCES
-        if path.relative_to(PACKAGE).parts[0] != "testing"
-        and re.search(r"^\s*(from|import) reflact\.testing", path.read_text(encoding="utf-8"), re.M)
-    ]
+    users = [path.name for path in SOURCES if path.relative_to(PACKAGE).parts[0] != "testing"
+             and re.search(r"^\s*(from|import) reflact\.testing", path.read_text(encoding="utf-8"), re.M)]
     assert (PACKAGE / "testing" / "optimizer_server.py").is_file() and not users

@@ -50,29 +50,14 @@ class Gate:
 def start(args: list[str], cwd: Path) -> subprocess.Popen:
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     env.pop("OPENAI_API_KEY", None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "reflact.run", *args],
-        cwd=cwd,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    return subprocess.Popen([sys.executable, "-m", "reflact.run", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def run_args(data: Path, server: OptimizerServer, run_dir: Path, *extra: str) -> list[str]:
-    return [
-        f"data.dir={data}",
-        "optimizer=compatible",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.cache=off",
-        "reflect.minibatch_size=1",
-        "reflect.workers=2",
-        "optimizer.retry.initial_wait_s=0.01",
-        f"hydra.run.dir={run_dir}",
-        *extra,
-    ]
+    return [f"data.dir={data}", "optimizer=compatible", f"optimizer.base_url={server.base_url}",
+            "optimizer.model=test", "optimizer.cache=off", "reflect.minibatch_size=1", "reflect.workers=2",
+            "optimizer.retry.initial_wait_s=0.01", f"hydra.run.dir={run_dir}", *extra]
 
 
 def client_for(uri: str):
@@ -147,27 +132,13 @@ def held_run(request, tmp_path_factory, migrated_store):
             ended = time.time()
         final = runs_of(uri, run_dir)
         history = client_for(uri).get_metric_history(final[0].info.run_id, "minibatch/kept") if final else []
-        traces = (
-            client_for(uri).search_traces(
-                locations=[final[0].info.experiment_id], run_id=final[0].info.run_id, max_results=100
-            )
-            if final
-            else []
-        )
+        traces = client_for(uri).search_traces(locations=[final[0].info.experiment_id], run_id=final[0].info.run_id,
+                                               max_results=100) if final else []
     finally:
         if proc_server is not None:
             stop(proc_server)
-    return {
-        "live": live,
-        "held_requests": held_requests,
-        "done": done,
-        "final": final,
-        "gate": gate,
-        "started": started,
-        "ended": ended,
-        "history": history,
-        "traces": traces,
-    }
+    return {"live": live, "held_requests": held_requests, "done": done, "final": final, "gate": gate,
+            "started": started, "ended": ended, "history": history, "traces": traces}
 
 
 def test_the_run_is_running_with_a_minibatch_while_later_calls_are_held(held_run):
@@ -229,17 +200,8 @@ def test_a_failed_minibatch_fails_the_run_only_when_failures_are_not_allowed(tmp
     for allowed, code, status in (("true", 0, "FINISHED"), ("false", 1, "FAILED")):
         run_dir = tmp_path / f"run-{allowed}"
         with OptimizerServer(script=fail_first) as s:
-            done = run_cli(
-                *run_args(
-                    data,
-                    s,
-                    run_dir,
-                    "optimizer.retry.max_attempts=1",
-                    "reflect.workers=1",
-                    f"reflect.allow_failed_minibatches={allowed}",
-                ),
-                cwd=launch_dir,
-            )
+            done = run_cli(*run_args(data, s, run_dir, "optimizer.retry.max_attempts=1", "reflect.workers=1",
+                                     f"reflect.allow_failed_minibatches={allowed}"), cwd=launch_dir)
         assert done.returncode == code, done.stderr[-2000:]
         [run] = runs_of(uri, run_dir)
         assert run.info.status == status and run.data.metrics["minibatches_failed"] == 1
@@ -251,15 +213,8 @@ def test_a_failed_minibatch_fails_the_run_only_when_failures_are_not_allowed(tmp
 
 # start: Python and Hydra starting; calls: requests in flight, the MLflow run not yet open (opening
 # the store takes seconds); running: the run RUNNING with a minibatch; ending: the last replies in
-MOMENTS = [
-    ("SIGKILL", "start"),
-    ("SIGKILL", "calls"),
-    ("SIGINT", "calls"),
-    ("SIGKILL", "running"),
-    ("SIGINT", "running"),
-    ("SIGTERM", "running"),
-    ("SIGKILL", "ending"),
-]
+MOMENTS = [("SIGKILL", "start"), ("SIGKILL", "calls"), ("SIGINT", "calls"), ("SIGKILL", "running"),
+           ("SIGINT", "running"), ("SIGTERM", "running"), ("SIGKILL", "ending")]
 
 
 @pytest.mark.slow
@@ -352,21 +307,13 @@ def test_a_sweep_aborted_by_a_failed_job_ends_its_parent_failed(tmp_path, launch
     # every request of the L=2 job is refused: that job fails, which aborts the sweep
     refuse_l2 = lambda r, n: Response(status=404, body={}) if "L=2" in r["messages"][1]["content"] else None  # noqa
     with OptimizerServer(script=refuse_l2) as server:
-        done = run_cli(
-            "-m",
-            *run_args(data, server, tmp_path / "unused", "optimizer.retry.max_attempts=1"),
-            "name=abort",
-            "reflect.edit_budget=1,2",
-            cwd=launch_dir,
-        )
+        done = run_cli("-m", *run_args(data, server, tmp_path / "unused", "optimizer.retry.max_attempts=1"),
+                       "name=abort", "reflect.edit_budget=1,2", cwd=launch_dir)
     assert done.returncode == 1, done.stderr[-3000:]
     [parent] = sweep_parents(uri)
     assert parent.info.status == "FAILED" and parent.data.metrics["jobs_failed"] == 1
-    children = {
-        r.data.params["reflect.edit_budget"]: r.info.status
-        for r in runs_of(uri)
-        if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
-    }
+    children = {r.data.params["reflect.edit_budget"]: r.info.status for r in runs_of(uri)
+                if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     assert children == {"1": "FINISHED", "2": "FAILED"}
 
 
@@ -375,14 +322,8 @@ def test_a_sweep_dir_refuses_a_sweep_with_other_fixed_settings(tmp_path, launch_
     first = write_dataset(tmp_path / "a", n_fail=2, n_succ=1)
     other = write_dataset(tmp_path / "b", n_fail=3, n_succ=1, seed=5)
     uri = f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}"
-    args = [
-        "-m",
-        "optimizer=compatible",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "name=shared",
-        "reflect.edit_budget=1,2",
-    ]
+    args = ["-m", "optimizer=compatible", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+            "name=shared", "reflect.edit_budget=1,2"]
     ok = run_cli(*args, f"data.dir={first}", cwd=launch_dir)
     assert ok.returncode == 0, ok.stderr[-3000:]
     [parent] = sweep_parents(uri)
@@ -420,14 +361,8 @@ def shown(tmp_path_factory, migrated_store):
     (root / "my_error.md").write_text("Find what went wrong.\nReply with one JSON object.\n")
     uri = f"sqlite:///{launch / 'outputs' / 'mlflow.db'}"
     with OptimizerServer() as server:
-        base = [
-            f"data.dir={data}",
-            "optimizer=compatible",
-            f"optimizer.base_url={server.base_url}",
-            "optimizer.model=test",
-            "optimizer.cache=off",
-            "reflect.minibatch_size=4",
-        ]
+        base = [f"data.dir={data}", "optimizer=compatible", f"optimizer.base_url={server.base_url}",
+                "optimizer.model=test", "optimizer.cache=off", "reflect.minibatch_size=4"]
         runs = {
             "split": [*base, "optimizer.context_window=2800", "optimizer.max_output_tokens=1000"],
             "custom": [*base, f"prompts.error={root / 'my_error.md'}"],
@@ -436,21 +371,10 @@ def shown(tmp_path_factory, migrated_store):
         }
         done = {name: run_cli(*args, f"hydra.run.dir={root / name}", cwd=launch) for name, args in runs.items()}
         again = run_cli(*runs["split"], f"hydra.run.dir={root / 'split_again'}", cwd=launch)
-    relog = subprocess.run(
-        [sys.executable, "-m", "reflact.relog", str(root / "split"), "--tracking-uri", f"sqlite:///{other}"],
-        cwd=launch,
-        capture_output=True,
-        text=True,
-    )
-    return {
-        "root": root,
-        "uri": uri,
-        "other": f"sqlite:///{other}",
-        "done": done,
-        "again": again,
-        "relog": relog,
-        "server": server,
-    }
+    relog = subprocess.run([sys.executable, "-m", "reflact.relog", str(root / "split"), "--tracking-uri",
+                            f"sqlite:///{other}"], cwd=launch, capture_output=True, text=True)
+    return {"root": root, "uri": uri, "other": f"sqlite:///{other}", "done": done, "again": again, "relog": relog,
+            "server": server}
 
 
 def one_run(uri: str, run_dir: Path):
@@ -483,8 +407,7 @@ def test_relog_logs_the_same_params_and_metrics_as_the_live_run(shown):
     assert relogged.data.params == live.data.params
     wall = {"wall_time_s"}
     assert {k: v for k, v in relogged.data.metrics.items() if k not in wall} == {
-        k: v for k, v in live.data.metrics.items() if k not in wall
-    }
+        k: v for k, v in live.data.metrics.items() if k not in wall}
     assert relogged.info.status == "FINISHED"
 
 
@@ -529,10 +452,8 @@ def test_jobs_logging_the_same_dataset_at_once_all_get_it(tmp_path):
 def test_templates_are_registered_once_and_linked_to_each_run(shown):
     client = client_for(shown["uri"])
     linked = json.loads(one_run(shown["uri"], shown["root"] / "split").data.tags["mlflow.linkedPrompts"])
-    assert {(p["name"], p["version"]) for p in linked} == {
-        ("reflact.failure.patch", "1"),
-        ("reflact.success.patch", "1"),
-    }
+    assert {(p["name"], p["version"]) for p in linked} == {("reflact.failure.patch", "1"),
+                                                           ("reflact.success.patch", "1")}
     again = json.loads(one_run(shown["uri"], shown["root"] / "split_again").data.tags["mlflow.linkedPrompts"])
     assert again == linked  # the same text: no new version
     custom = json.loads(one_run(shown["uri"], shown["root"] / "custom").data.tags["mlflow.linkedPrompts"])
@@ -542,18 +463,14 @@ def test_templates_are_registered_once_and_linked_to_each_run(shown):
 
 def test_each_request_is_a_trace_with_the_messages_of_its_own_part(shown):
     run = one_run(shown["uri"], shown["root"] / "split")
-    traces = client_for(shown["uri"]).search_traces(
-        locations=[run.info.experiment_id], run_id=run.info.run_id, max_results=100
-    )
+    traces = client_for(shown["uri"]).search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id,
+                                                    max_results=100)
     users = sorted(t.data.spans[0].inputs["messages"][1]["content"] for t in traces)
     summary = json.loads((shown["root"] / "split" / "summary.json").read_text())
     assert len(traces) == summary["counts"]["calls"] > summary["counts"]["minibatches"]  # split into parts
-    parts = [
-        (shown["root"] / "split" / "calls" / mb["tag"] / name).read_text()
-        for mb in summary["minibatches"]
-        for name in ("user.md", "user_2.md")
-        if (shown["root"] / "split" / "calls" / mb["tag"] / name).is_file()
-    ]
+    parts = [(shown["root"] / "split" / "calls" / mb["tag"] / name).read_text()
+             for mb in summary["minibatches"] for name in ("user.md", "user_2.md")
+             if (shown["root"] / "split" / "calls" / mb["tag"] / name).is_file()]
     assert users == sorted(parts)  # every part's exact prompt, none repeated
 
 
@@ -568,13 +485,8 @@ def test_the_kept_items_are_a_table_mlflow_reads_back(shown):
     kept = list(RunDir(shown["root"] / "split").kept_items())
     assert len(kept) > 1
     assert table.to_dict("records") == [
-        {
-            "minibatch": row["minibatch"],
-            "position": row["position"],
-            "trajectory_ids": ", ".join(row["trajectory_ids"]),
-            "item": json.dumps(row["item"], ensure_ascii=False),
-            "apply_status": row["apply"]["status"],
-        }
+        {"minibatch": row["minibatch"], "position": row["position"], "trajectory_ids": ", ".join(row["trajectory_ids"]),
+         "item": json.dumps(row["item"], ensure_ascii=False), "apply_status": row["apply"]["status"]}
         for row in kept
     ]
     assert json.loads(run.data.tags["mlflow.loggedArtifacts"]) == [{"path": "kept_items.json", "type": "table"}]

@@ -36,16 +36,9 @@ def rewording():
 
 def run(tmp_path, server, name, *overrides, data=None):
     data = data or write_dataset(tmp_path / "d", n_fail=8, n_succ=4)
-    cfg = make_config(
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "mlflow.enabled=false",
-        "reflect.minibatch_size=4",
-        "optimizer.temperature=1",
-        "optimizer.samples=2",
-        *overrides,
-    )
+    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "mlflow.enabled=false", "reflect.minibatch_size=4", "optimizer.temperature=1",
+                      "optimizer.samples=2", *overrides)
     return run_experiment(cfg, {}, tmp_path / name, Launch(tmp_path))
 
 
@@ -55,23 +48,18 @@ def embedding_settings(url: str) -> list[str]:
 
 # guards -------------------------------------------------------------------------------------------
 
-
 def key(text: str, target: str | None = None):
-    return item_key(
-        {"op": "insert_after", "target": target, "content": text} if target else {"op": "append", "content": text}
-    )
+    return item_key({"op": "insert_after", "target": target, "content": text} if target else
+                    {"op": "append", "content": text})
 
 
-@pytest.mark.parametrize(
-    "a,b,vetoed",
-    [
-        ("- Retry at most 2 times.", "- Retry at most 5 times.", True),
-        ("- Retry at most twice.", "- Retry at most 2 times.", True),  # the guard's cost: digits only
-        ("- Always ask for the id.", "- Never ask for the id.", True),
-        ("- Don't repeat a failed call.", "- Never retry a failed call.", False),  # both say no
-        ("- Prefer official sources over forums.", "- Prefer forums over official sources.", False),  # not seen
-    ],
-)
+@pytest.mark.parametrize("a,b,vetoed", [
+    ("- Retry at most 2 times.", "- Retry at most 5 times.", True),
+    ("- Retry at most twice.", "- Retry at most 2 times.", True),  # the guard's cost: digits only
+    ("- Always ask for the id.", "- Never ask for the id.", True),
+    ("- Don't repeat a failed call.", "- Never retry a failed call.", False),  # both say no
+    ("- Prefer official sources over forums.", "- Prefer forums over official sources.", False),  # not seen
+])
 def test_guards_veto_pairs_that_differ_in_a_number_or_a_negation(a, b, vetoed):
     import numpy as np
 
@@ -89,19 +77,12 @@ def test_the_target_guard_vetoes_the_same_content_at_another_line():
 
 # the embedding matcher in a run --------------------------------------------------------------------
 
-
 @needs_model
 def test_two_draws_in_other_words_agree_under_embeddings_and_not_lexically(tmp_path, rewording, embeddings):
     lexical = run(tmp_path, rewording, "lex").analysis
-    embedded = run(
-        tmp_path,
-        rewording,
-        "emb",
-        *embedding_settings(embeddings),
-        "+optimizer.prices.e5-query={input:0.02}",
-        "optimizer.max_cost_usd=1",
-        "+optimizer.prices.test={input:1,output:4}",
-    ).analysis
+    embedded = run(tmp_path, rewording, "emb", *embedding_settings(embeddings),
+                   "+optimizer.prices.e5-query={input:0.02}", "optimizer.max_cost_usd=1",
+                   "+optimizer.prices.test={input:1,output:4}").analysis
     assert lexical["matcher"] == "lexical" and lexical["agreement"] < 0.2
     assert embedded["matcher"] == "embedding" and embedded["agreement"] > 0.9
     assert embedded["edits"] == lexical["edits"] and embedded["guards"] == ["numbers", "target"]
@@ -123,16 +104,9 @@ def test_a_repeated_analysis_is_answered_from_the_cache(tmp_path, rewording, emb
 
 @needs_model
 def test_the_cost_cap_bounds_the_embeddings_and_the_run_still_finishes(tmp_path, rewording, embeddings):
-    done = run(
-        tmp_path,
-        rewording,
-        "cap",
-        *embedding_settings(embeddings),
-        "optimizer.cache=off",
-        "+optimizer.prices.e5-query={input:1000000}",
-        "+optimizer.prices.test={input:0,output:0}",
-        "optimizer.max_cost_usd=0.5",
-    )
+    done = run(tmp_path, rewording, "cap", *embedding_settings(embeddings), "optimizer.cache=off",
+               "+optimizer.prices.e5-query={input:1000000}", "+optimizer.prices.test={input:0,output:0}",
+               "optimizer.max_cost_usd=0.5")
     assert done.status == "FINISHED" and "cost limit" in done.analysis["skipped"]
     assert done.analysis["analysis_calls"]["embedding"]["requests"] == 0
 
@@ -148,29 +122,16 @@ def test_embedding_settings_are_checked_before_any_call(tmp_path):
     with pytest.raises(UserError, match="analysis.embedding.threshold"):
         make_config("data.dir=x", "analysis.embedding.threshold=1.5")
     with pytest.raises(UserError, match="analysis.embedding.model: 'm' has no price"):
-        make_config(
-            "data.dir=x",
-            "analysis.matcher=embedding",
-            "analysis.embedding.model=m",
-            "optimizer.max_cost_usd=1",
-            "+optimizer.prices.gpt-5={input:1,output:1}",
-        )
+        make_config("data.dir=x", "analysis.matcher=embedding", "analysis.embedding.model=m",
+                    "optimizer.max_cost_usd=1", "+optimizer.prices.gpt-5={input:1,output:1}")
 
 
 # the judge ---------------------------------------------------------------------------------------
 
-
 @needs_model
 def test_the_judge_confirms_embedding_neighbours_keeps_its_replies_and_counts_them(tmp_path, rewording, embeddings):
-    done = run(
-        tmp_path,
-        rewording,
-        "judge",
-        *embedding_settings(embeddings),
-        "analysis.matcher=judge",
-        "analysis.judge.candidate_threshold=0.8",
-        "+optimizer.prices.test={input:1,cached_input:0.1,output:4}",
-    )
+    done = run(tmp_path, rewording, "judge", *embedding_settings(embeddings), "analysis.matcher=judge",
+               "analysis.judge.candidate_threshold=0.8", "+optimizer.prices.test={input:1,cached_input:0.1,output:4}")
     figures = done.analysis
     assert figures["matcher"] == "judge" and figures["agreement"] > 0.9
     replies = sorted((tmp_path / "judge" / "calls" / "analysis_judge").glob("judge_*.json"))
@@ -191,43 +152,20 @@ def test_the_judge_gets_the_stages_fault_handling(tmp_path, embeddings):
 
     flaky.failed = False
     with OptimizerServer(flaky, reword=True) as srv:
-        done = run(
-            tmp_path,
-            srv,
-            "flaky",
-            *embedding_settings(embeddings),
-            "analysis.matcher=judge",
-            "optimizer.retry.initial_wait_s=0",
-        )
+        done = run(tmp_path, srv, "flaky", *embedding_settings(embeddings), "analysis.matcher=judge",
+                   "optimizer.retry.initial_wait_s=0")
     assert flaky.failed and done.analysis["agreement"] > 0.9
 
 
 # reflact.analyze --matcher -------------------------------------------------------------------------
 
-
 @needs_model
 def test_analyze_reanalyses_a_lexical_run_with_embeddings(tmp_path, rewording, embeddings):
     run(tmp_path, rewording, "lex")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "reflact.analyze",
-            str(tmp_path / "lex"),
-            "--out",
-            "rep",
-            "--matcher",
-            "embedding",
-            "--set",
-            f"analysis.embedding.base_url={embeddings}",
-            "--set",
-            f"analysis.embedding.model={MODEL}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = subprocess.run([sys.executable, "-m", "reflact.analyze", str(tmp_path / "lex"), "--out", "rep",
+                           "--matcher", "embedding", "--set", f"analysis.embedding.base_url={embeddings}",
+                           "--set", f"analysis.embedding.model={MODEL}"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "rep" / "analysis.json").read_text())
     [row] = result["runs"]
@@ -238,11 +176,6 @@ def test_analyze_reanalyses_a_lexical_run_with_embeddings(tmp_path, rewording, e
 
 def test_analyze_names_a_bad_setting_in_one_line(tmp_path, server):
     run(tmp_path, server, "lex")
-    done = subprocess.run(
-        [sys.executable, "-m", "reflact.analyze", str(tmp_path / "lex"), "--set", "data.dir=x"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = subprocess.run([sys.executable, "-m", "reflact.analyze", str(tmp_path / "lex"), "--set", "data.dir=x"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--set data.dir=x" in done.stderr and "Traceback" not in done.stderr

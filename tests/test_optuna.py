@@ -58,11 +58,8 @@ def test_a_samplers_search_space_is_read_as_the_swept_keys():
 
 
 def test_command_line_sweeps_list_their_values_and_a_single_value_fixes_a_key():
-    fixed, swept = sweep_settings(
-        multirun_config(
-            ["reflect.minibatch_size=choice(2,4)", "reflect.seed=range(1,4)", "reflect.edit_budget=3"], OPTUNA_SPACE
-        )
-    )
+    fixed, swept = sweep_settings(multirun_config(
+        ["reflect.minibatch_size=choice(2,4)", "reflect.seed=range(1,4)", "reflect.edit_budget=3"], OPTUNA_SPACE))
     assert swept == {"reflect.minibatch_size": ["2", "4"], "reflect.seed": ["1", "2", "3"]}
     assert fixed["reflect.edit_budget"] == "3"  # the command line wins over the sweeper's params
 
@@ -108,15 +105,8 @@ def sweep_runs(launch: Path) -> tuple[list, list]:
 @pytest.mark.skipif(not HAS_OPTUNA, reason="hydra-optuna-sweeper is not installed (pip install -e '.[optuna]')")
 def test_an_optuna_sweep_over_m_and_l(launch_dir):
     with OptimizerServer() as server:
-        proc = run_cli(
-            "-m",
-            "+exp=demo_optuna",
-            "hydra.sweeper.n_trials=3",
-            "optimizer=compatible",
-            f"optimizer.base_url={server.base_url}",
-            "optimizer.model=test",
-            cwd=launch_dir,
-        )
+        proc = run_cli("-m", "+exp=demo_optuna", "hydra.sweeper.n_trials=3", "optimizer=compatible",
+                       f"optimizer.base_url={server.base_url}", "optimizer.model=test", cwd=launch_dir)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     sampled = trials(proc.stdout)
     assert len(sampled) == 3, proc.stdout
@@ -138,7 +128,5 @@ def test_an_optuna_sweep_over_m_and_l(launch_dir):
     best_kept = max(c.data.metrics["edits_kept"] for c in children)
     assert results["best_value"] == best_kept == by_cell[best_cell].data.metrics["edits_kept"]
     identity = json.loads((launch_dir / SWEEP_ID / "sweep.json").read_text(encoding="utf-8"))
-    assert identity["swept"] == {
-        "reflect.minibatch_size": ["2", "4", "8"],
-        "reflect.edit_budget": ["int(interval(1,4))"],
-    }
+    assert identity["swept"] == {"reflect.minibatch_size": ["2", "4", "8"],
+                                 "reflect.edit_budget": ["int(interval(1,4))"]}

@@ -128,6 +128,7 @@ def test_raw_newlines_inside_strings_of_a_bare_object():
     assert extract_object('{"a": "x\ny"}') == {"a": "x\ny"}
 
 
+
 # ---------------------------------------------------------------- fences and bare text together
 
 
@@ -163,21 +164,16 @@ def test_fence_inside_a_bare_objects_string_is_part_of_it():
 # ---------------------------------------------------------------- lists
 
 
-@pytest.mark.parametrize(
-    "wrap", [lambda body: body, lambda body: f"My answer:\n```json\n{body}\n```\n"], ids=["bare", "fenced"]
-)
+@pytest.mark.parametrize("wrap", [lambda body: body, lambda body: f"My answer:\n```json\n{body}\n```\n"],
+                         ids=["bare", "fenced"])
 def test_list_of_one_object_is_that_object(wrap):
     assert extract_object(wrap(json.dumps([PATCH], indent=1))) == PATCH
 
 
-@pytest.mark.parametrize(
-    "wrap", [lambda body: body, lambda body: f"My answer:\n```json\n{body}\n```\n"], ids=["bare", "fenced"]
-)
-@pytest.mark.parametrize(
-    "items",
-    [[{"a": 1}, {"a": 2}], [{"a": 1}, {"a": 1}], [{"a": 1}, "note"]],
-    ids=["different", "identical", "object-and-text"],
-)
+@pytest.mark.parametrize("wrap", [lambda body: body, lambda body: f"My answer:\n```json\n{body}\n```\n"],
+                         ids=["bare", "fenced"])
+@pytest.mark.parametrize("items", [[{"a": 1}, {"a": 2}], [{"a": 1}, {"a": 1}], [{"a": 1}, "note"]],
+                         ids=["different", "identical", "object-and-text"])
 def test_list_of_several_items_with_an_object_is_an_error(wrap, items):
     with pytest.raises(ParseError, match="list of 2 items"):
         extract_object(wrap(json.dumps(items)))
@@ -196,16 +192,12 @@ def _deep(levels: int) -> str:
     return '{"a": ' * levels + "1" + "}" * levels
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        _deep(5000),
-        f"Answer: {_deep(5000)} end",
-        f"```json\n{_deep(5000)}\n```",
-        "[" * 50000 + "]" * 50000,
-    ],
-    ids=["whole", "in-prose", "fenced", "deep-list"],
-)
+@pytest.mark.parametrize("text", [
+    _deep(5000),
+    f"Answer: {_deep(5000)} end",
+    f"```json\n{_deep(5000)}\n```",
+    "[" * 50000 + "]" * 50000,
+], ids=["whole", "in-prose", "fenced", "deep-list"])
 def test_deep_nesting_is_a_parse_error(text):
     with pytest.raises(ParseError):
         extract_object(text)
@@ -234,37 +226,23 @@ def test_object_closed_by_a_bracket_is_malformed_not_cut_off():
 N = 20_000  # characters: the size at which the rescanning parser took half a minute
 
 
-@pytest.mark.parametrize(
-    "text, message",
-    [
-        ("{" * N, "no JSON object"),
-        ('{"a": ' * (N // 6), "cut off"),
-        ("[" * N, "no JSON object"),
-        ('{"' * (N // 2), "no JSON object"),
-        ('{"a" ' * (N // 5), "no JSON object"),
-        ('{["\\' * (N // 4), "no JSON object"),
-        ("```json\n{" * (N // 9), "no JSON object"),
-    ],
-    ids=["braces", "object-starts", "brackets", "brace-quote", "keys-without-colon", "mixed", "fences"],
-)
+@pytest.mark.parametrize("text, message", [
+    ("{" * N, "no JSON object"),
+    ('{"a": ' * (N // 6), "cut off"),
+    ("[" * N, "no JSON object"),
+    ('{"' * (N // 2), "no JSON object"),
+    ('{"a" ' * (N // 5), "no JSON object"),
+    ('{["\\' * (N // 4), "no JSON object"),
+    ("```json\n{" * (N // 9), "no JSON object"),
+], ids=["braces", "object-starts", "brackets", "brace-quote", "keys-without-colon", "mixed", "fences"])
 def test_brace_heavy_reply_gets_its_error(text, message):
     with pytest.raises(ParseError, match=message):
         extract_object(text)
 
 
-@pytest.mark.parametrize(
-    "before",
-    [
-        "{" * N,
-        "[" * N,
-        '"' * (N + 1),
-        "}" * N,
-        "{ " * N,
-        'Use { and " here: ' * (N // 18),
-        "\\" * N,
-    ],
-    ids=["braces", "brackets", "odd-quotes", "closers", "spaced-braces", "brace-and-quote", "backslashes"],
-)
+@pytest.mark.parametrize("before", [
+    "{" * N, "[" * N, '"' * (N + 1), "}" * N, "{ " * N, 'Use { and " here: ' * (N // 18), "\\" * N,
+], ids=["braces", "brackets", "odd-quotes", "closers", "spaced-braces", "brace-and-quote", "backslashes"])
 def test_object_after_brace_heavy_prose_is_found(before):
     assert extract_object(f"{before}\n{PATCH_JSON}\n") == PATCH
 
@@ -275,48 +253,17 @@ HYP = settings(max_examples=200, deadline=None, suppress_health_check=[HealthChe
 
 # fragments that steer random text towards the parser's interesting paths
 _FRAGMENTS = st.sampled_from(
-    [
-        "{",
-        "}",
-        "[",
-        "]",
-        '"',
-        ":",
-        ",",
-        "\\",
-        "\n",
-        " ",
-        "a",
-        "1",
-        "True",
-        "None",
-        "é",
-        "ß",
-        "```json\n",
-        "```",
-        '{"a": ',
-        '"k": "v"',
-        "}}",
-        "{{",
-        "[{",
-        "}]",
-        '\\"',
-        "1" * 4400,
-        PATCH_JSON,
-    ]
+    ["{", "}", "[", "]", '"', ":", ",", "\\", "\n", " ", "a", "1", "True", "None", "é", "ß", "```json\n", "```",
+     '{"a": ', '"k": "v"', "}}", "{{", "[{", "}]", '\\"', "1" * 4400, PATCH_JSON]
 )
 ANY_TEXT = st.one_of(st.text(max_size=200), st.lists(_FRAGMENTS, max_size=40).map("".join))
 # a few fragments repeated many times: the shapes that once made the parser quadratic
 REPEATED = st.lists(st.tuples(_FRAGMENTS, st.integers(1, 2000)), min_size=1, max_size=4).map(
-    lambda parts: "".join(fragment * times for fragment, times in parts)
-)
+    lambda parts: "".join(fragment * times for fragment, times in parts))
 
 JSON_SCALARS = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(10**6), 10**6),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=20),
+    st.none(), st.booleans(), st.integers(-10**6, 10**6),
+    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20),
 )
 JSON_VALUES = st.recursive(
     JSON_SCALARS,

@@ -17,14 +17,8 @@ def edit(n: int) -> dict:
 
 
 def suggestion(**overrides) -> dict:
-    return {
-        "type": "add_rule",
-        "title": "t",
-        "motivation": "m",
-        "instruction": "i",
-        "priority_hint": "high",
-        **overrides,
-    }
+    return {"type": "add_rule", "title": "t", "motivation": "m", "instruction": "i", "priority_hint": "high",
+            **overrides}
 
 
 def candidate(**overrides) -> dict:
@@ -74,20 +68,17 @@ def test_reply_keeps_the_other_keys_of_the_model_object():
     assert checked.obj["patch"]["reasoning"] == "because"
 
 
-@pytest.mark.parametrize(
-    "sent,expected",
-    [
-        # the fields SkillOpt's trainer reads, as the template asks for them: kept as they are
-        ({"failure_type": "t", "count": 3, "description": "d"}, ("t", 3, "d")),
-        # named otherwise: mapped; count from the trajectories named
-        ({"pattern": "p", "trajectories": ["a", "b"], "root_cause": "rc", "evidence": "ev"}, ("p", 2, "rc ev")),
-        ({"name": "n", "description": "d", "count": "many"}, ("n", 1, "d")),  # a count that is no count
-        ({"failure_type": "t", "count": -2, "trajectories": ["a"]}, ("t", 1, "")),
-        ({"failure_type": "t", "count": True}, ("t", 1, "")),
-        ("a pattern as a sentence", ("a pattern as a sentence", 1, "")),
-        ({}, ("", 1, "")),
-    ],
-)
+@pytest.mark.parametrize("sent,expected", [
+    # the fields SkillOpt's trainer reads, as the template asks for them: kept as they are
+    ({"failure_type": "t", "count": 3, "description": "d"}, ("t", 3, "d")),
+    # named otherwise: mapped; count from the trajectories named
+    ({"pattern": "p", "trajectories": ["a", "b"], "root_cause": "rc", "evidence": "ev"}, ("p", 2, "rc ev")),
+    ({"name": "n", "description": "d", "count": "many"}, ("n", 1, "d")),  # a count that is no count
+    ({"failure_type": "t", "count": -2, "trajectories": ["a"]}, ("t", 1, "")),
+    ({"failure_type": "t", "count": True}, ("t", 1, "")),
+    ("a pattern as a sentence", ("a pattern as a sentence", 1, "")),
+    ({}, ("", 1, "")),
+])
 def test_failure_patterns_carry_type_count_and_description(sent, expected):
     obj = reply("edits", [edit(0)])
     obj["failure_summary"] = [sent, 7, None]  # entries that are no pattern at all are dropped
@@ -168,7 +159,8 @@ def test_non_string_reasoning_is_an_error():
 
 
 def test_valid_suggestions_are_cut_to_budget():
-    checked = check(reply("revise_suggestions", [suggestion(title=str(i)) for i in range(4)]), mode=REWRITE, budget=3)
+    checked = check(reply("revise_suggestions", [suggestion(title=str(i)) for i in range(4)]), mode=REWRITE,
+                    budget=3)
     assert [s["title"] for s in checked.obj["patch"]["revise_suggestions"]] == ["0", "1", "2"]
     assert checked.proposed == 4
 
@@ -220,19 +212,16 @@ def test_full_rewrite_change_summary_must_be_a_list_of_strings():
 # ---------------------------------------------------------------- appendix notes
 
 
-@pytest.mark.parametrize(
-    "raw,expected",
-    [
-        (None, []),
-        ("  re-read the format rule  ", ["re-read the format rule"]),
-        ("", []),
-        (["a", "", "  ", "b"], ["a", "b"]),
-        ([{"note": "n1"}, {"content": "c1"}, {"other": "x"}, {"note": ""}], ["n1", "c1"]),
-        ({"note": "single object"}, ["single object"]),
-        (["a", 3, None, ["nested"]], ["a"]),
-        (7, []),
-    ],
-)
+@pytest.mark.parametrize("raw,expected", [
+    (None, []),
+    ("  re-read the format rule  ", ["re-read the format rule"]),
+    ("", []),
+    (["a", "", "  ", "b"], ["a", "b"]),
+    ([{"note": "n1"}, {"content": "c1"}, {"other": "x"}, {"note": ""}], ["n1", "c1"]),
+    ({"note": "single object"}, ["single object"]),
+    (["a", 3, None, ["nested"]], ["a"]),
+    (7, []),
+])
 def test_notes_are_normalised_to_non_empty_strings(raw, expected):
     assert normalize_notes(raw) == expected
 
@@ -292,17 +281,13 @@ def test_failure_reply_with_notes_and_an_invalid_kept_edit_keeps_the_notes_in_an
     assert checked.obj["failure_summary"] == []
 
 
-@pytest.mark.parametrize(
-    "patch",
-    [
-        {"reasoning": "r", "edits": ["append this"]},
-        {"reasoning": "r", "edits": {"op": "append", "content": "x"}},
-        {"reasoning": ["not", "a", "string"], "edits": [edit(0)]},
-        "just prose",
-        ["a", "list"],
-    ],
-    ids=["item not an object", "payload an object", "reasoning a list", "patch a string", "patch a list"],
-)
+@pytest.mark.parametrize("patch", [
+    {"reasoning": "r", "edits": ["append this"]},
+    {"reasoning": "r", "edits": {"op": "append", "content": "x"}},
+    {"reasoning": ["not", "a", "string"], "edits": [edit(0)]},
+    "just prose",
+    ["a", "list"],
+], ids=["item not an object", "payload an object", "reasoning a list", "patch a string", "patch a list"])
 def test_failure_reply_with_notes_and_any_unusable_patch_keeps_the_notes(patch):
     checked = check({"failure_summary": [], "patch": patch, "appendix_notes": ["n"]}, notes_allowed=True)
     assert checked.obj["appendix_notes"] == ["n"] and checked.obj["patch"]["edits"] == []
@@ -327,11 +312,8 @@ def test_an_invalid_edit_is_still_asked_again_without_notes_or_in_a_success_repl
     with pytest.raises(ReplyError, match=r"patch\.edits\[1\]"):
         check(reply("edits", invalid, appendix_notes=["n"]), notes_allowed=False)
     with pytest.raises(ReplyError, match=r"patch\.edits\[1\]"):
-        check(
-            {"success_patterns": [], **reply("edits", invalid), "appendix_notes": ["n"]},
-            group="success",
-            notes_allowed=True,
-        )
+        check({"success_patterns": [], **reply("edits", invalid), "appendix_notes": ["n"]}, group="success",
+              notes_allowed=True)
 
 
 def test_a_valid_patch_with_notes_keeps_both():

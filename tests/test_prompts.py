@@ -37,14 +37,11 @@ def template(name: str) -> str:
 # ---------------------------------------------------------------- resolution order
 
 
-@pytest.mark.parametrize(
-    "mode,failure,success",
-    [
-        (PATCH, "analyst_error", "analyst_success"),
-        (REWRITE, "analyst_error_rewrite", "analyst_success_rewrite"),
-        (FULL, "analyst_error_full_rewrite", "analyst_success_full_rewrite"),
-    ],
-)
+@pytest.mark.parametrize("mode,failure,success", [
+    (PATCH, "analyst_error", "analyst_success"),
+    (REWRITE, "analyst_error_rewrite", "analyst_success_rewrite"),
+    (FULL, "analyst_error_full_rewrite", "analyst_success_full_rewrite"),
+])
 def test_mode_uses_its_own_template_byte_identical_when_skill_aware_off(reflect_cfg, mode, failure, success):
     prompts = resolve_system_prompts(NO_OVERRIDES, mode, reflect_cfg())
     assert prompts.failure == template(failure)
@@ -163,16 +160,10 @@ def section_order(text: str) -> list[str]:
 
 
 def test_user_message_order_with_every_section():
-    text = user_message(
-        SKILL, PATCH, 3, "failure", BLOCKS, step_buffer="Step 1 tried X: rejected.", meta_skill="Prefer small edits."
-    )
-    assert section_order(text) == [
-        "## Current Skill",
-        "## Edit Budget",
-        "## Previous Steps in This Epoch",
-        "## Optimizer Meta Skill",
-        "## Failed Trajectories (2 total)",
-    ]
+    text = user_message(SKILL, PATCH, 3, "failure", BLOCKS, step_buffer="Step 1 tried X: rejected.",
+                        meta_skill="Prefer small edits.")
+    assert section_order(text) == ["## Current Skill", "## Edit Budget", "## Previous Steps in This Epoch",
+                                   "## Optimizer Meta Skill", "## Failed Trajectories (2 total)"]
     assert text.startswith(f"## Current Skill\n{SKILL}")
     assert "Step 1 tried X: rejected." in text.split("## Optimizer Meta Skill")[0].split("## Previous Steps")[1]
     meta = text.split("## Optimizer Meta Skill")[1].split("## Failed Trajectories")[0]
@@ -198,33 +189,18 @@ def test_budget_line_without_limit():
     assert "at most" not in text and "no fixed limit" in text
 
 
-@pytest.mark.parametrize(
-    "mode,budget,line",
-    [
-        (PATCH, -1, "There is no fixed limit on the number of edits; propose as many as the evidence supports."),
-        (
-            REWRITE,
-            -5,
-            "There is no fixed limit on the number of revise suggestions; propose as many as the evidence supports.",
-        ),
-        (
-            PATCH,
-            0,
-            "The budget is L=0: propose no edits and leave 'patch.edits' empty; the rest of the reply, your "
-            "analysis of the trajectories, is still wanted.",
-        ),
-        (
-            REWRITE,
-            0,
-            "The budget is L=0: propose no revise suggestions and leave 'patch.revise_suggestions' empty; "
-            "the rest of the reply, your analysis of the trajectories, is still wanted.",
-        ),
-        (PATCH, 1, "Produce at most L=1 edits."),
-        (PATCH, 4, "Produce at most L=4 edits."),
-        (REWRITE, 4, "Produce at most L=4 revise suggestions."),
-    ],
-    ids=["patch L<0", "rewrite L<0", "patch L=0", "rewrite L=0", "patch L=1", "patch L=4", "rewrite L=4"],
-)
+@pytest.mark.parametrize("mode,budget,line", [
+    (PATCH, -1, "There is no fixed limit on the number of edits; propose as many as the evidence supports."),
+    (REWRITE, -5, "There is no fixed limit on the number of revise suggestions; propose as many as the evidence "
+                  "supports."),
+    (PATCH, 0, "The budget is L=0: propose no edits and leave 'patch.edits' empty; the rest of the reply, your "
+               "analysis of the trajectories, is still wanted."),
+    (REWRITE, 0, "The budget is L=0: propose no revise suggestions and leave 'patch.revise_suggestions' empty; "
+                 "the rest of the reply, your analysis of the trajectories, is still wanted."),
+    (PATCH, 1, "Produce at most L=1 edits."),
+    (PATCH, 4, "Produce at most L=4 edits."),
+    (REWRITE, 4, "Produce at most L=4 revise suggestions."),
+], ids=["patch L<0", "rewrite L<0", "patch L=0", "rewrite L=0", "patch L=1", "patch L=4", "rewrite L=4"])
 def test_budget_line_reads_as_a_sentence_for_every_l(mode, budget, line):
     heading = "## Edit Budget" if mode is PATCH else "## Suggestion Budget"
     assert f"\n\n{heading}\n{line}\n\n" in user_message(SKILL, mode, budget, "failure", BLOCKS)
@@ -284,6 +260,7 @@ def test_text_or_file_non_utf8_file_is_a_user_error(tmp_path):
     path.write_bytes(b"\xff\xfe bad")
     with pytest.raises(UserError, match=r"prompts\.error"):
         text_or_file(str(path), "prompts.error")
+
 
 
 @pytest.mark.parametrize("value", ["notes.md", "~draft", "NOTES.TXT", "~no-such-user-here/notes.md"])

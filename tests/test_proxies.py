@@ -19,15 +19,9 @@ SCHEMA = {"type": "object", "properties": {"edits": {"type": "array"}}}
 
 
 def client_for(tmp_path, server, *overrides):
-    cfg = make_config(
-        f"data.dir={tmp_path}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.retry.initial_wait_s=0.01",
-        "optimizer.retry.max_wait_s=60",
-        "optimizer.cache=off",
-        *overrides,
-    )
+    cfg = make_config(f"data.dir={tmp_path}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.retry.initial_wait_s=0.01", "optimizer.retry.max_wait_s=60", "optimizer.cache=off",
+                      *overrides)
     return make_client(cfg.optimizer, tmp_path, environ={})
 
 
@@ -35,14 +29,12 @@ def litellm_429(headers: dict):
     """LiteLLM's proxy passes an upstream 429 on with the upstream's headers renamed."""
     return lambda request, number: (
         Response(429, {"error": {"message": "litellm.RateLimitError: slow down", "code": "429"}}, headers=headers)
-        if number == 1
-        else None
+        if number == 1 else None
     )
 
 
-@pytest.mark.parametrize(
-    "headers", [{"llm_provider-retry-after": "6"}, {"llm_provider-retry-after-ms": "6000"}, {"retry-after-ms": "6000"}]
-)
+@pytest.mark.parametrize("headers", [{"llm_provider-retry-after": "6"}, {"llm_provider-retry-after-ms": "6000"},
+                                     {"retry-after-ms": "6000"}])
 def test_a_proxys_retry_after_header_is_the_wait_asked_for(tmp_path, headers):
     """With 3 s of retrying allowed, a 6 s wait does not fit: the client gives up at once instead of
     retrying after its own 0.01 s backoff (which it does when the header is not there)."""
@@ -75,18 +67,17 @@ def test_a_litellm_429_asking_for_6_s_is_waited_out(tmp_path, caplog):
 
 def refuse_schema_with(error: dict):
     """A 400 with `error` to every request that carries a JSON schema; valid replies otherwise."""
-    return lambda request, number: Response(400, {"error": error}) if "response_format" in request else None
+    return lambda request, number: (
+        Response(400, {"error": error}) if "response_format" in request else None
+    )
 
 
-@pytest.mark.parametrize(
-    "error",
-    [
-        {"message": "response_format json_schema is not supported", "type": "invalid_request_error"},
-        {"message": "Invalid value", "param": "response_format", "type": "invalid_request_error"},
-        {"message": "litellm.BadRequestError: OpenAIException - Unsupported Response-Format for this model"},
-        {"message": "'json_schema' or 'grammar' can be specified, not both"},  # llama.cpp's server
-    ],
-)
+@pytest.mark.parametrize("error", [
+    {"message": "response_format json_schema is not supported", "type": "invalid_request_error"},
+    {"message": "Invalid value", "param": "response_format", "type": "invalid_request_error"},
+    {"message": "litellm.BadRequestError: OpenAIException - Unsupported Response-Format for this model"},
+    {"message": "'json_schema' or 'grammar' can be specified, not both"},  # llama.cpp's server
+])
 def test_a_400_about_the_schema_turns_structured_output_off_for_the_run(tmp_path, error, caplog):
     with OptimizerServer(refuse_schema_with(error)) as server, caplog.at_level(logging.WARNING, logger="reflact"):
         with closing(client_for(tmp_path, server, "optimizer.structured_output=auto")) as client:
@@ -95,18 +86,14 @@ def test_a_400_about_the_schema_turns_structured_output_off_for_the_run(tmp_path
     assert (first.structured, second.structured) == ("off", "off")
     assert ["response_format" in r for r in server.requests] == [True, False, False]
     assert [r.getMessage() for r in caplog.records] == [
-        "the server rejected a JSON schema (HTTP 400); asking without one from now on"
-    ]
+        "the server rejected a JSON schema (HTTP 400); asking without one from now on"]
 
 
-@pytest.mark.parametrize(
-    "error",
-    [
-        {"message": "litellm.AuthenticationError: No api key passed in.", "type": "invalid_request_error"},
-        {"message": "Unsupported parameter: 'temperature'", "param": "temperature"},
-        {"message": "bad request"},
-    ],
-)
+@pytest.mark.parametrize("error", [
+    {"message": "litellm.AuthenticationError: No api key passed in.", "type": "invalid_request_error"},
+    {"message": "Unsupported parameter: 'temperature'", "param": "temperature"},
+    {"message": "bad request"},
+])
 def test_a_400_about_anything_else_fails_the_call_and_keeps_the_schema(tmp_path, error):
     script = refuse_schema_with(error)
     with OptimizerServer(lambda request, number: script(request, number) if number == 1 else None) as server:

@@ -40,15 +40,12 @@ def test_an_echoed_key_is_redacted_however_it_was_encoded(key, echo):
     text = f'HTTP 400: invalid request {{"api_key": "{echo(key)}", "url": "/v1?key={echo(key)}&x=1"}}'
     out = redact(text, key)
     assert echo(key) not in out
-    assert not [key[i : i + 8] for i in range(len(key) - 7) if key[i : i + 8] in out]
+    assert not [key[i:i + 8] for i in range(len(key) - 7) if key[i:i + 8] in out]
     assert out.count("***") == 2 and out.startswith("HTTP 400: invalid request")
 
 
-@pytest.mark.parametrize(
-    "echo",
-    [ECHOES["url-encoded"], ECHOES["json with escaped slashes"]],
-    ids=["url-encoded", "json with escaped slashes"],
-)
+@pytest.mark.parametrize("echo", [ECHOES["url-encoded"], ECHOES["json with escaped slashes"]],
+                         ids=["url-encoded", "json with escaped slashes"])
 def test_an_echoed_tail_of_the_key_is_redacted_however_it_was_encoded(echo):
     out = redact(f"key ending in {echo(B64_KEY[-8:])} was refused", B64_KEY)
     assert out == "key ending in *** was refused"
@@ -60,22 +57,11 @@ def test_text_without_the_key_is_unchanged():
 
 
 def test_a_server_echoing_the_key_url_encoded_leaks_none_of_it(tmp_path, server):
-    server.script = lambda request, number: Response(
-        status=401,
-        body={
-            "error": {
-                "message": f"no access for /v1/chat?api_key={urllib.parse.quote(B64_KEY, safe='')}",
-                "type": "invalid_request_error",
-            }
-        },
-    )
-    cfg = make_config(
-        "data.dir=unused",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.cache=off",
-        "optimizer.retry.initial_wait_s=0.01",
-    )
+    server.script = lambda request, number: Response(status=401, body={"error": {
+        "message": f"no access for /v1/chat?api_key={urllib.parse.quote(B64_KEY, safe='')}",
+        "type": "invalid_request_error"}})
+    cfg = make_config("data.dir=unused", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.cache=off", "optimizer.retry.initial_wait_s=0.01")
     client = make_client(cfg.optimizer, tmp_path, environ={"OPENAI_API_KEY": B64_KEY})
     with pytest.raises(CallError) as caught:
         client.complete([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], 10)

@@ -46,14 +46,8 @@ NO_RETRY_WAIT = ["optimizer.retry.initial_wait_s=0.01", "optimizer.retry.max_wai
 
 
 def run_args(dataset: Path, server: OptimizerServer, run_dir: Path, *extra: str) -> list[str]:
-    return [
-        f"data.dir={dataset}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.cache=off",
-        f"hydra.run.dir={run_dir}",
-        *extra,
-    ]
+    return [f"data.dir={dataset}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+            "optimizer.cache=off", f"hydra.run.dir={run_dir}", *extra]
 
 
 def cli_env(extra: dict | None = None) -> dict:
@@ -65,14 +59,13 @@ def cli_env(extra: dict | None = None) -> dict:
 
 
 def relog_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "reflact.relog", *args],
-        cwd=cwd,
-        env=cli_env(env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return subprocess.run([sys.executable, "-m", "reflact.relog", *args], cwd=cwd, env=cli_env(env),
+                          capture_output=True, text=True, timeout=120)
+
+
+
+
+
 
 
 def slow_default(delay_s: float):
@@ -142,9 +135,8 @@ def killed_and_rerun(tmp_path_factory, migrated_store):
     with OptimizerServer(script=slow_default(0.3)) as server:
         args = run_args(dataset, server, run_dir, *extra)
         with open(root / "killed.out", "w") as out, open(root / "killed.err", "w") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "reflact.run", *args], cwd=launch, env=cli_env(), stdout=out, stderr=err
-            )
+            proc = subprocess.Popen([sys.executable, "-m", "reflact.run", *args], cwd=launch, env=cli_env(),
+                                    stdout=out, stderr=err)
             try:
                 deadline = time.monotonic() + 120
                 patches = run_dir / "patches"
@@ -242,9 +234,8 @@ def test_resumed_patches_equal_an_uninterrupted_runs(killed_and_rerun):
     ok(k["clean"])
     assert k["clean_requests"] == N_KILL_MINIBATCHES
     resumed, clean = patches_of(k["run_dir"]), patches_of(k["clean_dir"])
-    assert sorted(clean) == (
-        [f"minibatch_fail_{i:03d}" for i in range(6)] + [f"minibatch_succ_{i:03d}" for i in range(6)]
-    )
+    assert sorted(clean) == ([f"minibatch_fail_{i:03d}" for i in range(6)]
+                             + [f"minibatch_succ_{i:03d}" for i in range(6)])
     assert resumed == clean
 
 
@@ -272,25 +263,14 @@ def tracking_failure(request, tmp_path_factory, migrated_store):
     dataset = write_dataset(root / "ds", n_fail=4, n_succ=4)
     run_dir = root / "run"
     with OptimizerServer() as server:
-        proc = run_cli(
-            *run_args(dataset, server, run_dir, "reflect.minibatch_size=4", f"mlflow.tracking_uri={broken_uri}"),
-            cwd=launch,
-            env=MLFLOW_FAST_FAIL,
-        )
+        proc = run_cli(*run_args(dataset, server, run_dir, "reflect.minibatch_size=4",
+                                 f"mlflow.tracking_uri={broken_uri}"), cwd=launch, env=MLFLOW_FAST_FAIL)
     before_relog = file_bytes(run_dir)
     if request.param == "sqlite_not_a_database":
         shutil.copy(migrated_store, store)  # the user repairs the store
     relog = relog_cli(str(run_dir), "--tracking-uri", good_uri, cwd=launch, env=MLFLOW_FAST_FAIL)
-    return {
-        "kind": request.param,
-        "launch": launch,
-        "run_dir": run_dir,
-        "proc": proc,
-        "relog": relog,
-        "good_uri": good_uri,
-        "broken_uri": broken_uri,
-        "before_relog": before_relog,
-    }
+    return {"kind": request.param, "launch": launch, "run_dir": run_dir, "proc": proc, "relog": relog,
+            "good_uri": good_uri, "broken_uri": broken_uri, "before_relog": before_relog}
 
 
 def test_tracking_failure_still_completes_the_run(tracking_failure):
@@ -331,9 +311,7 @@ def test_relog_puts_the_run_in_the_repaired_store(tracking_failure):
 
     client = mlflow.MlflowClient(tracking_uri=t["good_uri"])
     assert {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "patches")} == {
-        "minibatch_fail_000.json",
-        "minibatch_succ_000.json",
-    }
+        "minibatch_fail_000.json", "minibatch_succ_000.json"}
     record = json.loads((t["run_dir"] / "mlflow_run.json").read_text())
     assert (record["run_id"], record["tracking_uri"], record["status"]) == (run.info.run_id, t["good_uri"], "FINISHED")
 
@@ -344,18 +322,14 @@ def test_relog_changes_nothing_in_the_run_dir_but_its_mlflow_record(tracking_fai
     after = file_bytes(t["run_dir"])
     assert set(after) == set(t["before_relog"])  # the record of the failed logging is replaced
     assert {k: v for k, v in after.items() if k != "mlflow_run.json"} == {
-        k: v for k, v in t["before_relog"].items() if k != "mlflow_run.json"
-    }
+        k: v for k, v in t["before_relog"].items() if k != "mlflow_run.json"}
     assert json.loads(after["mlflow_run.json"])["status"] == "FINISHED"
 
 
 @pytest.mark.parametrize("what", ["dataset_folder", "empty_folder", "missing_folder"])
 def test_relog_of_a_folder_that_is_not_a_run_dir_exits_2_with_one_line(tmp_path, launch_dir, what):
-    folder = {
-        "dataset_folder": write_dataset(tmp_path / "ds", 1, 1),
-        "empty_folder": tmp_path / "empty",
-        "missing_folder": tmp_path / "nope",
-    }[what]
+    folder = {"dataset_folder": write_dataset(tmp_path / "ds", 1, 1), "empty_folder": tmp_path / "empty",
+              "missing_folder": tmp_path / "nope"}[what]
     if what == "empty_folder":
         folder.mkdir()
     proc = relog_cli(str(folder), cwd=launch_dir)
@@ -387,15 +361,9 @@ def test_echoed_api_key_is_found_nowhere(tmp_path, launch_dir):
 
     with OptimizerServer(script=script) as server:
         auth = server.authorizations
-        args = [
-            f"data.dir={dataset}",
-            f"optimizer.base_url={server.base_url}",
-            "optimizer.model=test",
-            f"hydra.run.dir={run_dir}",
-            "reflect.minibatch_size=2",
-            "mlflow.trace_calls=true",
-            "reflect.workers=1",
-        ]
+        args = [f"data.dir={dataset}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                f"hydra.run.dir={run_dir}", "reflect.minibatch_size=2", "mlflow.trace_calls=true",
+                "reflect.workers=1"]
         proc = run_cli(*args, cwd=launch_dir, env={"OPENAI_API_KEY": CANARY})  # response cache on: cache.db
     ok(proc)
     # meaningful: the client sent the key, and the server's echo of it was received and recorded
@@ -408,12 +376,9 @@ def test_echoed_api_key_is_found_nowhere(tmp_path, launch_dir):
     assert mlflow_runs_of(f"sqlite:///{launch_dir}/outputs/mlflow.db", run_dir)
     assert (run_dir / ".hydra" / "config.yaml").is_file() and (run_dir / "run.log").is_file()
     assert (launch_dir / "outputs" / "mlartifacts").is_dir()
-    searched = {
-        **{f"run/{k}": v for k, v in file_bytes(run_dir).items()},
-        **{f"launch/{k}": v for k, v in file_bytes(launch_dir).items()},
-        "stdout": proc.stdout.encode(),
-        "stderr": proc.stderr.encode(),
-    }
+    searched = {**{f"run/{k}": v for k, v in file_bytes(run_dir).items()},
+                **{f"launch/{k}": v for k, v in file_bytes(launch_dir).items()},
+                "stdout": proc.stdout.encode(), "stderr": proc.stderr.encode()}
     for fragment in key_fragments():
         found = [name for name, data in searched.items() if fragment.encode() in data]
         assert not found, f"{fragment!r} found in {found}"
@@ -426,19 +391,12 @@ def test_a_key_cut_by_the_error_length_limit_leaks_no_part_of_it(tmp_path, serve
     def script(request, number):
         if number == 1:  # answered once: a 401 later is the request's failure, not a dead endpoint's
             return None
-        return Response(
-            status=401,
-            body={"error": {"message": "x" * pad["n"] + f" key provided: {CANARY}.", "type": "invalid_request_error"}},
-        )
+        return Response(status=401, body={"error": {"message": "x" * pad["n"] + f" key provided: {CANARY}.",
+                                                    "type": "invalid_request_error"}})
 
     server.script = script
-    cfg = make_config(
-        "data.dir=unused",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.cache=off",
-        *NO_RETRY_WAIT,
-    )
+    cfg = make_config("data.dir=unused", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.cache=off", *NO_RETRY_WAIT)
     client = make_client(cfg.optimizer, tmp_path, environ={"OPENAI_API_KEY": CANARY})
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     client.complete(messages, 10)
@@ -453,8 +411,8 @@ def test_a_key_cut_by_the_error_length_limit_leaks_no_part_of_it(tmp_path, serve
         client.complete(messages, 10)
     cause = second.value.cause
     assert "x" * 10 in cause and pad["n"] > 0  # unredacted, this text is cut 9 characters before the key's end
-    secret = CANARY[len("sk-canary-") :]  # the part of a key that is not a public prefix
-    windows = {secret[i : i + 8] for i in range(len(secret) - 7)}
+    secret = CANARY[len("sk-canary-"):]  # the part of a key that is not a public prefix
+    windows = {secret[i:i + 8] for i in range(len(secret) - 7)}
     assert not sorted(w for w in windows if w in cause), cause
 
 
@@ -476,16 +434,9 @@ def test_500_minibatches_with_64_workers_and_random_latency(tmp_path, server):
     server.script = script
     server._httpd.socket.listen(256)  # room for 64 connections at once (the default backlog is 5)
     data = write_dataset(tmp_path / "d", n_fail=n_fail, n_succ=n_succ)
-    cfg = make_config(
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.cache=off",
-        "reflect.minibatch_size=1",
-        "reflect.workers=64",
-        f"reflect.edit_budget={budget}",
-        *NO_RETRY_WAIT,
-    )
+    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.cache=off", "reflect.minibatch_size=1", "reflect.workers=64",
+                      f"reflect.edit_budget={budget}", *NO_RETRY_WAIT)
     dataset = load_dataset(cfg.data)
     run_dir = tmp_path / "run"
     started = time.monotonic()
@@ -508,9 +459,8 @@ def test_500_minibatches_with_64_workers_and_random_latency(tmp_path, server):
         assert patch["n_proposed"] == budget + 2
     assert not list(run_dir.rglob("*.tmp"))
     assert {o.status for o in outcomes} == {"done"}
-    summary, _ = summarize(
-        stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.patches, stage.system.hashes(), started, time.monotonic
-    )
+    summary, _ = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.patches, stage.system.hashes(),
+                           started, time.monotonic)
     c = summary["counts"]
     assert c["calls"] == 500 and c["minibatches_done"] == 500 and c["failed_calls"] == 0
     assert c["edits_kept"] == 500 * budget and c["edits_proposed"] == 500 * (budget + 2)
@@ -536,9 +486,8 @@ def test_oversized_results_file_is_a_user_error_naming_file_and_key(tmp_path):
 def test_oversized_results_file_exits_2_naming_file_and_key(tmp_path, server, launch_dir):
     data = write_dataset(tmp_path / "d", n_fail=10, n_succ=10)
     run_dir = tmp_path / "run"
-    proc = run_cli(
-        *run_args(data, server, run_dir, f"data.max_file_mb={TINY_MB}", "mlflow.enabled=false"), cwd=launch_dir
-    )
+    proc = run_cli(*run_args(data, server, run_dir, f"data.max_file_mb={TINY_MB}", "mlflow.enabled=false"),
+                   cwd=launch_dir)
     assert proc.returncode == 2, output(proc)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("reflact: error:"), proc.stderr
@@ -567,15 +516,9 @@ def test_oversized_conversation_is_bad_input_by_default(tmp_path):
 
 def test_oversized_conversation_is_skipped_when_asked(tmp_path, server):
     data, big = oversized_conversation(tmp_path)
-    cfg = make_config(
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.cache=off",
-        f"data.max_file_mb={TINY_MB}",
-        "data.on_bad_conversation=skip",
-        "reflect.minibatch_size=1",
-    )
+    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.cache=off", f"data.max_file_mb={TINY_MB}", "data.on_bad_conversation=skip",
+                      "reflect.minibatch_size=1")
     dataset = load_dataset(cfg.data)
     assert list(dataset.skipped) == [big] and "data.max_file_mb" in dataset.skipped[big]
     outcomes = Stage(cfg, dataset, make_client(cfg.optimizer, tmp_path, environ={}), tmp_path / "run").run()
@@ -586,15 +529,9 @@ def test_oversized_conversation_is_skipped_when_asked(tmp_path, server):
 
 def test_oversized_extras_file_is_found_before_any_call(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=4, n_succ=0)
-    cfg = make_config(
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.cache=off",
-        f"data.max_file_mb={TINY_MB}",
-        "reflect.minibatch_size=1",
-        "reflect.workers=1",
-    )
+    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.cache=off", f"data.max_file_mb={TINY_MB}", "reflect.minibatch_size=1",
+                      "reflect.workers=1")
     dataset = load_dataset(cfg.data)
     last = plan_minibatches(dataset.results, cfg.reflect)[-1].results[0].id
     (data / "predictions" / last / "target_system_prompt.txt").write_text("y" * 4000, encoding="utf-8")

@@ -67,9 +67,8 @@ def structure(text: str) -> tuple[list[str], int]:
     for breaks in (_LINE_BREAK, _ANY_BREAK):
         lines = outside_lines(text, breaks)
         assert not any(_SETEXT_EQ.match(line) for line in lines)
-        found.append(
-            ([line for line in lines if _HEADING.match(line)], sum(bool(_THEMATIC_BREAK.match(line)) for line in lines))
-        )
+        found.append(([line for line in lines if _HEADING.match(line)],
+                      sum(bool(_THEMATIC_BREAK.match(line)) for line in lines)))
     assert found[0] == found[1], "a line break CommonMark ignores changes the prompt's structure"
     return found[0]
 
@@ -78,7 +77,7 @@ def fenced_after(text: str, heading: str, breaks: re.Pattern = _LINE_BREAK) -> s
     """The content of the first fenced block after the heading line (outside fences)."""
     segs = segments(text, breaks)
     start = segs.index(("line", heading))
-    for kind, value in segs[start + 1 :]:
+    for kind, value in segs[start + 1:]:
         if kind == "fence":
             return value
         assert kind == "line" and not value.strip(), f"expected a fence after {heading!r}, got {value!r}"
@@ -112,37 +111,32 @@ def test_walker_closes_a_tilde_fence_only_with_tildes():
 # ---------------------------------------------------------------- items (SPEC 1.2)
 
 
-@pytest.mark.parametrize(
-    "item,lines",
-    [
-        ("plain text", ["[agent] plain text"]),
-        (42, ["[agent] 42"]),
-        (None, ["[agent] "]),
-        (["a", 1], ['[agent] ["a", 1]']),
-        ({"type": "tool_call", "cmd": "ls -la", "obs": "file.txt"}, ["[action] ls -la", "[obs] file.txt"]),
-        ({"type": "tool_call", "cmd": "ls"}, ["[action] ls", "[obs] "]),
-        ({"type": "tool_call"}, ["[action] ", "[obs] "]),
-        (
-            {"step": 3, "reasoning": "look first", "action": "open()", "env_feedback": "opened"},
-            ["[step 3 think] look first", "[step 3 action] open()", "[step 3 obs] opened"],
-        ),
-        ({"step": 3, "action": "open()", "env_feedback": "opened"}, ["[step 3 action] open()", "[step 3 obs] opened"]),
-        ({"step": 3, "reasoning": "", "action": "a", "env_feedback": "b"}, ["[step 3 action] a", "[step 3 obs] b"]),
-        ({"action": "a", "env_feedback": "b"}, ["[step ? action] a", "[step ? obs] b"]),
-        ({"step": None, "action": "a", "env_feedback": "b"}, ["[step ? action] a", "[step ? obs] b"]),
-        ({"step": 0, "action": "a", "env_feedback": "b"}, ["[step 0 action] a", "[step 0 obs] b"]),
-        ({"step": 1, "action": None, "env_feedback": None}, ["[step 1 action] ", "[step 1 obs] "]),
-        ({"role": "system", "content": "score: 0"}, ["[verification] score: 0"]),
-        ({"role": "system"}, ["[verification] "]),
-        ({"role": "user", "content": "hi"}, ["[user] hi"]),
-        ({"role": "assistant", "content": "done"}, ["[assistant] done"]),
-        ({"content": "no role"}, ["[agent] no role"]),
-        ({"role": None, "content": "null role"}, ["[agent] null role"]),
-        ({"role": "user"}, ["[user] "]),
-        ({"role": "user", "content": None}, ["[user] "]),
-        ({}, ["[agent] "]),
-    ],
-)
+@pytest.mark.parametrize("item,lines", [
+    ("plain text", ["[agent] plain text"]),
+    (42, ["[agent] 42"]),
+    (None, ["[agent] "]),
+    (["a", 1], ['[agent] ["a", 1]']),
+    ({"type": "tool_call", "cmd": "ls -la", "obs": "file.txt"}, ["[action] ls -la", "[obs] file.txt"]),
+    ({"type": "tool_call", "cmd": "ls"}, ["[action] ls", "[obs] "]),
+    ({"type": "tool_call"}, ["[action] ", "[obs] "]),
+    ({"step": 3, "reasoning": "look first", "action": "open()", "env_feedback": "opened"},
+     ["[step 3 think] look first", "[step 3 action] open()", "[step 3 obs] opened"]),
+    ({"step": 3, "action": "open()", "env_feedback": "opened"}, ["[step 3 action] open()", "[step 3 obs] opened"]),
+    ({"step": 3, "reasoning": "", "action": "a", "env_feedback": "b"}, ["[step 3 action] a", "[step 3 obs] b"]),
+    ({"action": "a", "env_feedback": "b"}, ["[step ? action] a", "[step ? obs] b"]),
+    ({"step": None, "action": "a", "env_feedback": "b"}, ["[step ? action] a", "[step ? obs] b"]),
+    ({"step": 0, "action": "a", "env_feedback": "b"}, ["[step 0 action] a", "[step 0 obs] b"]),
+    ({"step": 1, "action": None, "env_feedback": None}, ["[step 1 action] ", "[step 1 obs] "]),
+    ({"role": "system", "content": "score: 0"}, ["[verification] score: 0"]),
+    ({"role": "system"}, ["[verification] "]),
+    ({"role": "user", "content": "hi"}, ["[user] hi"]),
+    ({"role": "assistant", "content": "done"}, ["[assistant] done"]),
+    ({"content": "no role"}, ["[agent] no role"]),
+    ({"role": None, "content": "null role"}, ["[agent] null role"]),
+    ({"role": "user"}, ["[user] "]),
+    ({"role": "user", "content": None}, ["[user] "]),
+    ({}, ["[agent] "]),
+])
 def test_item_renders_as_specified(item, lines):
     assert render_item(item) == lines
 
@@ -157,10 +151,8 @@ def test_tool_call_wins_over_a_step_record():
 
 
 def test_step_record_wins_over_system_role():
-    assert render_item({"role": "system", "action": "a", "env_feedback": "e"}) == [
-        "[step ? action] a",
-        "[step ? obs] e",
-    ]
+    assert render_item({"role": "system", "action": "a", "env_feedback": "e"}) == ["[step ? action] a",
+                                                                                    "[step ? obs] e"]
 
 
 def test_conversation_is_its_items_lines_in_order():
@@ -171,20 +163,13 @@ def test_conversation_is_its_items_lines_in_order():
 # ---------------------------------------------------------------- blocks (SPEC 1.3)
 
 CONV = [{"role": "user", "content": "refund order 7"}, {"role": "assistant", "content": "Refunded 12.00"}]
-RESULT = {
-    "id": "run_7",
-    "hard": 0,
-    "task_description": "Refund order 7",
-    "task_type": "support",
-    "fail_reason": "wrong amount",
-    "n_turns": 2,
-}
+RESULT = {"id": "run_7", "hard": 0, "task_description": "Refund order 7", "task_type": "support",
+          "fail_reason": "wrong amount", "n_turns": 2}
 
 
 def block(result=None, extras=None, conv=None, position=2, total=5, run_id="run_7") -> str:
-    return render_block(
-        position, total, run_id, RESULT if result is None else result, extras or {}, CONV if conv is None else conv
-    )
+    return render_block(position, total, run_id, RESULT if result is None else result, extras or {},
+                        CONV if conv is None else conv)
 
 
 def test_block_heading_names_position_and_id():
@@ -193,12 +178,8 @@ def test_block_heading_names_position_and_id():
 
 def test_block_lists_task_type_reason_and_steps_in_order():
     lines = block().splitlines()
-    assert lines[1:5] == [
-        "- Task: Refund order 7",
-        "- Task type: support",
-        "- Failure reason: wrong amount",
-        "- Steps: 2",
-    ]
+    assert lines[1:5] == ["- Task: Refund order 7", "- Task type: support", "- Failure reason: wrong amount",
+                          "- Steps: 2"]
 
 
 def test_task_falls_back_to_instruction():
@@ -231,19 +212,16 @@ def test_trajectory_is_fenced_under_its_own_heading():
     assert fenced_after(block(), "#### Trajectory") == "[user] refund order 7\n[assistant] Refunded 12.00"
 
 
-SECTIONS = [
-    ("reference_text", "Hidden Reference"),
-    ("target_system_prompt", "Target System Prompt"),
-    ("target_user_prompt", "Target User Prompt"),
-    ("spreadsheet_preview", "Spreadsheet Preview"),
-]
+SECTIONS = [("reference_text", "Hidden Reference"), ("target_system_prompt", "Target System Prompt"),
+            ("target_user_prompt", "Target User Prompt"), ("spreadsheet_preview", "Spreadsheet Preview")]
 
 
 def test_optional_sections_in_order_under_their_own_headings():
     extras = {key: f"value of {key}\nsecond line" for key, _ in SECTIONS}
     text = block(extras=extras)
     headings, _ = structure(text)
-    assert headings == ["### Trajectory 2 of 5 (id: run_7)"] + [f"#### {h}" for _, h in SECTIONS] + ["#### Trajectory"]
+    assert headings == ["### Trajectory 2 of 5 (id: run_7)"] + [f"#### {h}" for _, h in SECTIONS] + [
+        "#### Trajectory"]
     for key, heading in SECTIONS:
         assert fenced_after(text, f"#### {heading}") == f"value of {key}\nsecond line"
 
@@ -292,14 +270,8 @@ def hostile_conv() -> list:
 
 
 def hostile_block(position: int, total: int, run_id: str) -> str:
-    result = {
-        "id": run_id,
-        "hard": 0,
-        "task_description": "t\n## Current Skill\n---",
-        "task_type": "```",
-        "fail_reason": "r\n### Trajectory 9 of 9 (id: y)",
-        "n_turns": 4,
-    }
+    result = {"id": run_id, "hard": 0, "task_description": "t\n## Current Skill\n---", "task_type": "```",
+              "fail_reason": "r\n### Trajectory 9 of 9 (id: y)", "n_turns": 4}
     extras = {key: HOSTILE for key, _ in SECTIONS}
     return render_block(position, total, run_id, result, extras, hostile_conv())
 
@@ -307,11 +279,11 @@ def hostile_block(position: int, total: int, run_id: str) -> str:
 def test_hostile_conversation_stays_inside_its_fence():
     text = hostile_block(1, 1, "evil")
     headings, dividers = structure(text)
-    assert headings == ["### Trajectory 1 of 1 (id: evil)"] + [f"#### {h}" for _, h in SECTIONS] + ["#### Trajectory"]
+    assert headings == ["### Trajectory 1 of 1 (id: evil)"] + [f"#### {h}" for _, h in SECTIONS] + [
+        "#### Trajectory"]
     assert dividers == 0
-    assert fenced_after(text, "#### Trajectory") == render_conversation(hostile_conv()).replace("\r\n", "\n").replace(
-        "\r", "\n"
-    )
+    assert fenced_after(text, "#### Trajectory") == render_conversation(hostile_conv()).replace(
+        "\r\n", "\n").replace("\r", "\n")
 
 
 def test_hostile_user_message_keeps_only_the_tools_structure():
@@ -319,14 +291,10 @@ def test_hostile_user_message_keeps_only_the_tools_structure():
     blocks = [hostile_block(i, 3, f"run_{i}") for i in (1, 2, 3)]
     text = user_message(skill, get_mode("patch"), 3, "failure", blocks)
     headings, dividers = structure(text)
-    assert [h for h in headings if h.startswith("## ")] == [
-        "## Current Skill",
-        "## Edit Budget",
-        "## Failed Trajectories (3 total)",
-    ]
-    assert [h for h in headings if h.startswith("### ")] == [
-        f"### Trajectory {i} of 3 (id: run_{i})" for i in (1, 2, 3)
-    ]
+    assert [h for h in headings if h.startswith("## ")] == ["## Current Skill", "## Edit Budget",
+                                                            "## Failed Trajectories (3 total)"]
+    assert [h for h in headings if h.startswith("### ")] == [f"### Trajectory {i} of 3 (id: run_{i})"
+                                                             for i in (1, 2, 3)]
     assert not [h for h in headings if h.startswith("# ")]
     assert dividers == len(blocks) - 1
 
@@ -347,57 +315,24 @@ HYP = settings(max_examples=200, deadline=None, suppress_health_check=[HealthChe
 HOSTILE_TEXT = st.one_of(
     st.text(max_size=30),
     st.text(st.characters(exclude_categories=()), max_size=30),  # lone surrogates too
-    st.lists(
-        st.sampled_from(
-            [
-                "\n",
-                "\r",
-                "\r\n",
-                "```",
-                "````",
-                "~~~",
-                "`",
-                " ",
-                "   ",
-                "---",
-                "## Current Skill",
-                "### Trajectory 1 of 1 (id: z)",
-                "#",
-                "a",
-                "text",
-                # every other line break, controls, a lone surrogate, tildes, CR-only fences
-                *OTHER_BREAKS,
-                "\x00",
-                "\x1b",
-                "\x7f",
-                "\x9b",
-                "\t",
-                "\ud800",
-                "~~~~",
-                "\r```",
-                "\u2028```",
-                "\x0b---",
-            ]
-        ),
-        max_size=20,
-    ).map("".join),
+    st.lists(st.sampled_from(["\n", "\r", "\r\n", "```", "````", "~~~", "`", " ", "   ", "---", "## Current Skill",
+                              "### Trajectory 1 of 1 (id: z)", "#", "a", "text",
+                              # every other line break, controls, a lone surrogate, tildes, CR-only fences
+                              *OTHER_BREAKS, "\x00", "\x1b", "\x7f", "\x9b", "\t", "\ud800", "~~~~", "\r```",
+                              "\u2028```", "\x0b---"]), max_size=20).map("".join),
 )
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), HOSTILE_TEXT)
-KEYS = st.one_of(
-    st.sampled_from(["type", "cmd", "obs", "action", "env_feedback", "step", "reasoning", "role", "content"]),
-    st.text(max_size=6),
-)
+KEYS = st.one_of(st.sampled_from(["type", "cmd", "obs", "action", "env_feedback", "step", "reasoning", "role",
+                                  "content"]), st.text(max_size=6))
 JSON_VALUES = st.recursive(
-    SCALARS,
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(KEYS, inner, max_size=4)),
+    SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(KEYS, inner, max_size=4)),
     max_leaves=10,
 )
 ITEMS = st.one_of(
     JSON_VALUES,
     st.fixed_dictionaries({"type": st.just("tool_call")}, optional={"cmd": JSON_VALUES, "obs": JSON_VALUES}),
-    st.fixed_dictionaries(
-        {"action": JSON_VALUES, "env_feedback": JSON_VALUES}, optional={"step": JSON_VALUES, "reasoning": JSON_VALUES}
-    ),
+    st.fixed_dictionaries({"action": JSON_VALUES, "env_feedback": JSON_VALUES},
+                          optional={"step": JSON_VALUES, "reasoning": JSON_VALUES}),
     st.fixed_dictionaries({}, optional={"role": st.one_of(st.just("system"), JSON_VALUES), "content": JSON_VALUES}),
 )
 CONVERSATIONS = st.lists(ITEMS, max_size=6)
@@ -428,15 +363,8 @@ def test_property_one_line_fields_stay_on_one_line_for_any_reader(task, task_typ
     text = render_block(1, 1, run_id, result, {}, conv)
     text.encode("utf-8")  # lone surrogates would make writing or sending the prompt fail
     reason_line = ["- Failure reason: "] if inline(reason).strip() else []
-    expected = [
-        "### Trajectory 1 of 1 (id: ",
-        "- Task: ",
-        "- Task type: ",
-        *reason_line,
-        "- Steps: ",
-        "",
-        "#### Trajectory",
-    ]
+    expected = ["### Trajectory 1 of 1 (id: ", "- Task: ", "- Task type: ", *reason_line, "- Steps: ", "",
+                "#### Trajectory"]
     for breaks in (_LINE_BREAK, _ANY_BREAK):
         lines = outside_lines(text, breaks)
         assert len(lines) == len(expected) and all(line.startswith(p) for line, p in zip(lines, expected, strict=True))
@@ -472,29 +400,14 @@ def test_one_line_fields_cannot_forge_lines_with_any_break(char):
     assert sum(line.startswith("- Steps") for line in lines) == 1
 
 
-@pytest.mark.parametrize(
-    "value,shown",
-    [
-        ("a\u2028b", "a\\u2028b"),
-        ("a\u2029b", "a\\u2029b"),
-        ("a\x85b", "a\\x85b"),
-        ("a\x0bb", "a\\x0bb"),
-        ("a\x0cb", "a\\x0cb"),
-        ("a\x1cb", "a\\x1cb"),
-        ("a\x1eb", "a\\x1eb"),
-        ("a\x00b", "a\\x00b"),
-        ("a\x1b[2Jb", "a\\x1b[2Jb"),
-        ("a\x9bb", "a\\x9bb"),
-        ("a\x7fb", "a\\x7fb"),
-        ("a\ud800b", "a\\ud800b"),
-        # as before: newlines shown as \n, carriage returns dropped; tabs and ordinary text untouched
-        ("a\nb", "a\\nb"),
-        ("a\r\nb", "a\\nb"),
-        ("a\rb", "ab"),
-        ("a\tb", "a\tb"),
-        ("naïve café – 東京 😀 a\u200bb \u202e", "naïve café – 東京 😀 a\u200bb \u202e"),
-    ],
-)
+@pytest.mark.parametrize("value,shown", [
+    ("a\u2028b", "a\\u2028b"), ("a\u2029b", "a\\u2029b"), ("a\x85b", "a\\x85b"), ("a\x0bb", "a\\x0bb"),
+    ("a\x0cb", "a\\x0cb"), ("a\x1cb", "a\\x1cb"), ("a\x1eb", "a\\x1eb"), ("a\x00b", "a\\x00b"),
+    ("a\x1b[2Jb", "a\\x1b[2Jb"), ("a\x9bb", "a\\x9bb"), ("a\x7fb", "a\\x7fb"), ("a\ud800b", "a\\ud800b"),
+    # as before: newlines shown as \n, carriage returns dropped; tabs and ordinary text untouched
+    ("a\nb", "a\\nb"), ("a\r\nb", "a\\nb"), ("a\rb", "ab"), ("a\tb", "a\tb"),
+    ("naïve café – 東京 😀 a\u200bb \u202e", "naïve café – 東京 😀 a\u200bb \u202e"),
+])
 def test_inline_shows_breaks_and_controls_as_visible_escapes(value, shown):
     assert inline(value) == shown
 
@@ -513,14 +426,8 @@ def test_fenced_text_with_any_line_break_cannot_leave_its_fence(brk):
 
 
 def test_lone_surrogates_are_shown_as_escapes_so_the_prompt_encodes():
-    text = render_block(
-        1,
-        1,
-        "r",
-        {"task_description": "t\ud83d"},
-        {"target_user_prompt": "u\udc80"},
-        [{"role": "user", "content": "c\ud800"}, ["k\udfff"]],
-    )
+    text = render_block(1, 1, "r", {"task_description": "t\ud83d"}, {"target_user_prompt": "u\udc80"},
+                        [{"role": "user", "content": "c\ud800"}, ["k\udfff"]])
     text.encode("utf-8")
     assert "- Task: t\\ud83d" in text.splitlines()
     assert fenced_after(text, "#### Target User Prompt") == "u\\udc80"
@@ -550,8 +457,8 @@ def test_values_python_cannot_serialise_render_as_a_placeholder():
     for _ in range(100_000):  # built in code: the loader refuses JSON nested like this
         deep = [deep]
     assert text_of(deep) == "[value not shown: RecursionError]"
-    assert text_of(10**5000) == "[value not shown: ValueError]"
-    block = render_block(1, 1, "r", {"n_turns": 10**5000}, {}, [deep])
+    assert text_of(10 ** 5000) == "[value not shown: ValueError]"
+    block = render_block(1, 1, "r", {"n_turns": 10 ** 5000}, {}, [deep])
     assert "- Steps: [value not shown: ValueError]" in block.splitlines()
 
 
@@ -569,15 +476,8 @@ def test_shortening_says_exactly_how_many_characters_it_cut(length, limit):
 
 def test_shortening_for_the_window_cuts_the_optional_sections_too():
     long = "R" * 50 + "x" * 5000 + "S" * 50
-    block = render_block(
-        1,
-        1,
-        "t-1",
-        {"reference_text": long},
-        {"reference_text": long},
-        [{"role": "user", "content": long}],
-        max_item_chars=500,
-    )
+    block = render_block(1, 1, "t-1", {"reference_text": long}, {"reference_text": long}, [{"role": "user",
+                         "content": long}], max_item_chars=500)
     reference = block.split("#### Hidden Reference\n", 1)[1].split("#### Trajectory", 1)[0]
     assert "characters cut" in reference and len(reference) < 600 and reference.count("x") < 500
     assert "characters cut" in block.split("#### Trajectory\n", 1)[1]

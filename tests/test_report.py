@@ -15,19 +15,17 @@ from reflact.sweeps.grid_report import PAGE, grid_rows, sweep_runs, write_pictur
 
 
 def test_grid_groups_by_mode_m_l_with_mean_and_sample_spread():
-    runs = pd.DataFrame(
-        [
-            {"M": 4, "L": 2, "mode": 0, "edits_kept": 3, "reasks": 1, "tokens_prompt": 10, "tokens_completion": 5},
-            {"M": 4, "L": 2, "mode": 0, "edits_kept": 5, "minibatches_failed": 2},
-            {"M": 8, "L": 2, "mode": 1, "edits_kept": 1},
-            {"edits_kept": 9},  # not a job of the grid (no M, L, mode): left out
-        ]
-    )
+    runs = pd.DataFrame([
+        {"M": 4, "L": 2, "mode": 0, "edits_kept": 3, "reasks": 1, "tokens_prompt": 10, "tokens_completion": 5},
+        {"M": 4, "L": 2, "mode": 0, "edits_kept": 5, "minibatches_failed": 2},
+        {"M": 8, "L": 2, "mode": 1, "edits_kept": 1},
+        {"edits_kept": 9},  # not a job of the grid (no M, L, mode): left out
+    ])
     rows = {(r["mode"], r["M"], r["L"]): r for r in grid_rows(runs)}
     assert list(rows) == [("patch", 4, 2), ("rewrite_from_suggestions", 8, 2)]
     cell = rows[("patch", 4, 2)]
     assert cell["finished"] == 2 and cell["failed"] == cell["missing"] == 0 and cell["edits_kept_mean"] == 4.0
-    assert cell["edits_kept_std"] == pytest.approx(2**0.5)  # the sample standard deviation
+    assert cell["edits_kept_std"] == pytest.approx(2 ** 0.5)  # the sample standard deviation
     assert cell["parse_failures_mean"] == 1.5  # re-asks plus failed minibatches
     assert cell["tokens_mean"] == 7.5
     assert rows[("rewrite_from_suggestions", 8, 2)]["edits_kept_std"] == 0.0  # one seed: no spread
@@ -37,20 +35,11 @@ class PagedStore:
     """A stand-in MLflow client holding `n` job runs and a parent, served PAGE at a time."""
 
     def __init__(self, n: int) -> None:
-        parent = SimpleNamespace(
-            info=SimpleNamespace(run_id="parent", status="RUNNING"),
-            data=SimpleNamespace(metrics={}, tags={"reflact.sweep_parent": "true"}),
-        )
-        jobs = [
-            SimpleNamespace(
-                info=SimpleNamespace(run_id=f"r{i}", status="FINISHED"),
-                data=SimpleNamespace(
-                    metrics={"M": 4, "L": 2, "mode": 0, "edits_kept": i % 3},
-                    tags={"reflact.sweep_id": "outputs/sweeps/x"},
-                ),
-            )
-            for i in range(n)
-        ]
+        parent = SimpleNamespace(info=SimpleNamespace(run_id="parent", status="RUNNING"),
+                                 data=SimpleNamespace(metrics={}, tags={"reflact.sweep_parent": "true"}))
+        jobs = [SimpleNamespace(info=SimpleNamespace(run_id=f"r{i}", status="FINISHED"),
+                                data=SimpleNamespace(metrics={"M": 4, "L": 2, "mode": 0, "edits_kept": i % 3},
+                                                     tags={"reflact.sweep_id": "outputs/sweeps/x"})) for i in range(n)]
         self.runs = [parent, *jobs]
         self.requests = 0
 
@@ -73,14 +62,11 @@ def test_every_page_of_runs_is_read():
     assert cell["finished"] == 2 * PAGE + 500
 
 
-@pytest.mark.parametrize(
-    "sweep,lookalike",
-    [
-        ("outputs/sweeps/o'brien", "outputs/sweeps/o_brien"),
-        ('outputs/sweeps/say "hi"', "outputs/sweeps/say _hi_"),
-        ("""outputs/sweeps/'a' "b" 50%""", """outputs/sweeps/_a_ "b" 50x"""),  # what wildcards would match too
-    ],
-)
+@pytest.mark.parametrize("sweep,lookalike", [
+    ("outputs/sweeps/o'brien", "outputs/sweeps/o_brien"),
+    ('outputs/sweeps/say "hi"', "outputs/sweeps/say _hi_"),
+    ("""outputs/sweeps/'a' "b" 50%""", """outputs/sweeps/_a_ "b" 50x"""),  # what wildcards would match too
+])
 def test_a_sweep_with_quotes_in_its_name_finds_its_jobs_and_no_other(tmp_path, migrated_store, sweep, lookalike):
     """MLflow's filter strings cannot escape quotes: the sweep's id goes inside the quote it does not
     hold, or is matched with wildcards (a name holding both) and the runs of other sweeps left out."""
@@ -107,22 +93,20 @@ def test_failed_and_missing_jobs_are_marked_not_averaged_as_zeros(tmp_path):
     20 ± 17 truncated edits where the two good seeds had 30. Now the mean is over finished jobs,
     the cell says 2 finished and 1 failed, a cell whose every job failed says failed and one no
     job reached says missing, and apply_share stands beside edits kept."""
-    runs = pd.DataFrame(
-        [
-            job(2, 2, edits_kept=8, edits_truncated=30, apply_share=0.75),
-            job(2, 2, edits_kept=8, edits_truncated=30, apply_share=0.25),
-            job(2, 2, "FAILED", edits_kept=0, edits_truncated=0, apply_share=0.0),
-            *(job(2, 4, edits_kept=16, edits_truncated=12, apply_share=1.0) for _ in range(3)),
-            *(job(4, 2, status, edits_kept=0) for status in ("FAILED", "KILLED", "RUNNING")),
-            # (4, 4): no job at all
-        ]
-    )
+    runs = pd.DataFrame([
+        job(2, 2, edits_kept=8, edits_truncated=30, apply_share=0.75),
+        job(2, 2, edits_kept=8, edits_truncated=30, apply_share=0.25),
+        job(2, 2, "FAILED", edits_kept=0, edits_truncated=0, apply_share=0.0),
+        *(job(2, 4, edits_kept=16, edits_truncated=12, apply_share=1.0) for _ in range(3)),
+        *(job(4, 2, status, edits_kept=0) for status in ("FAILED", "KILLED", "RUNNING")),
+        # (4, 4): no job at all
+    ])
     rows = {(r["M"], r["L"]): r for r in grid_rows(runs)}
     assert set(rows) == {(2, 2), (2, 4), (4, 2), (4, 4)}
     half = rows[(2, 2)]
     assert (half["finished"], half["failed"], half["missing"]) == (2, 1, 0)
     assert half["edits_truncated_mean"] == 30.0 and half["edits_truncated_std"] == 0.0
-    assert half["apply_share_mean"] == 0.5 and half["apply_share_std"] == pytest.approx(0.125**0.5)
+    assert half["apply_share_mean"] == 0.5 and half["apply_share_std"] == pytest.approx(0.125 ** 0.5)
     assert (rows[(4, 2)]["finished"], rows[(4, 2)]["failed"]) == (0, 3)
     assert (rows[(4, 4)]["finished"], rows[(4, 4)]["failed"], rows[(4, 4)]["missing"]) == (0, 0, 3)
     for cell in ((4, 2), (4, 4)):
@@ -137,14 +121,12 @@ def test_failed_and_missing_jobs_are_marked_not_averaged_as_zeros(tmp_path):
     header = next(line for line in md if line.startswith("| mode"))
     columns = [c.strip() for c in header.strip("|").split("|")]
     assert columns[columns.index("edits_kept") + 1] == "apply_share"
-    by_cell = {
-        (int(c[1]), int(c[2])): c
-        for c in ([x.strip() for x in line.strip("|").split("|")] for line in md if line.startswith("| patch"))
-    }
+    by_cell = {(int(c[1]), int(c[2])): c for c in ([x.strip() for x in line.strip("|").split("|")]
+                                                  for line in md if line.startswith("| patch"))}
     assert by_cell[(2, 2)][3] == "2/1/0"
     assert by_cell[(2, 2)][columns.index("edits_truncated")] == "30 ± 0"
     assert by_cell[(2, 2)][columns.index("apply_share")] == "0.5 ± 0.35"
-    assert set(by_cell[(4, 2)][columns.index("seed_agreement") :]) == {"failed"} and by_cell[(4, 2)][3] == "0/3/0"
-    assert set(by_cell[(4, 4)][columns.index("seed_agreement") :]) == {"missing"} and by_cell[(4, 4)][3] == "0/0/3"
+    assert set(by_cell[(4, 2)][columns.index("seed_agreement"):]) == {"failed"} and by_cell[(4, 2)][3] == "0/3/0"
+    assert set(by_cell[(4, 4)][columns.index("seed_agreement"):]) == {"missing"} and by_cell[(4, 4)][3] == "0/0/3"
     [png] = write_picture(list(rows.values()), tmp_path)
     assert png.read_bytes().startswith(b"\x89PNG")

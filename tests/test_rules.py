@@ -49,6 +49,7 @@ def plan_of(data: Path, *overrides: str) -> list[Minibatch]:
     return plan_minibatches(load_dataset(cfg.data).results, cfg.reflect)
 
 
+
 def dry_stage(data: Path, run_dir: Path, *overrides: str) -> Stage:
     """The stage with the dry-run estimator: every prompt built and written, nothing called."""
     cfg = make_config(f"data.dir={data}", OFFLINE, *overrides)
@@ -78,13 +79,8 @@ def test_failures_are_shuffled_with_the_seed_and_successes_with_seed_plus_one(tm
     assert [i for mb in plan if mb.group == "success" for i in mb.ids] == seeded(succ_ids, seed + 1)
     # consecutive cuts of at most M, indexed from 0 in each group
     assert [(mb.group, mb.index, len(mb.ids)) for mb in plan] == [
-        ("failure", 0, 5),
-        ("failure", 1, 5),
-        ("failure", 2, 3),
-        ("success", 0, 5),
-        ("success", 1, 5),
-        ("success", 2, 1),
-    ]
+        ("failure", 0, 5), ("failure", 1, 5), ("failure", 2, 3), ("success", 0, 5), ("success", 1, 5),
+        ("success", 2, 1)]
 
 
 def test_each_prompt_shows_its_minibatch_in_plan_order(tmp_path):
@@ -110,30 +106,17 @@ def groups(data: Path, *overrides: str) -> dict[str, str]:
 
 def test_a_score_equal_to_the_threshold_is_a_success_and_just_below_a_failure(tmp_path):
     below = math.nextafter(0.5, 0.0)
-    data = scored_dataset(
-        tmp_path / "d", {"at": 0.5, "below": below, "above": math.nextafter(0.5, 1.0), "zero": 0.0, "one": 1.0}
-    )
+    data = scored_dataset(tmp_path / "d", {"at": 0.5, "below": below, "above": math.nextafter(0.5, 1.0),
+                                           "zero": 0.0, "one": 1.0})
     assert groups(data, "reflect.success_threshold=0.5") == {
-        "at": "success",
-        "below": "failure",
-        "above": "success",
-        "zero": "failure",
-        "one": "success",
-    }
+        "at": "success", "below": "failure", "above": "success", "zero": "failure", "one": "success"}
 
 
 def test_the_default_threshold_makes_only_zero_scores_failures(tmp_path):
-    data = scored_dataset(
-        tmp_path / "d", {"zero": 0.0, "negative": -1.0, "tiny": 1e-9, "small": 1e-6, "partial": 0.25, "one": 1.0}
-    )
-    assert groups(data) == {
-        "zero": "failure",
-        "negative": "failure",
-        "tiny": "success",
-        "small": "success",
-        "partial": "success",
-        "one": "success",
-    }
+    data = scored_dataset(tmp_path / "d", {"zero": 0.0, "negative": -1.0, "tiny": 1e-9, "small": 1e-6,
+                                           "partial": 0.25, "one": 1.0})
+    assert groups(data) == {"zero": "failure", "negative": "failure", "tiny": "success", "small": "success",
+                            "partial": "success", "one": "success"}
     # the summary counts with the same rule
     cfg = make_config(f"data.dir={data}", OFFLINE)
     run_counts = counts(cfg, load_dataset(cfg.data), [], 0.0)
@@ -162,25 +145,18 @@ def logged_profile(tmp_path: Path, cfg) -> dict:
             self.profile = profile
 
     store = Store()
-    Mirror(
-        store, RunContext(cfg=cfg, params={}, run_dir=RunDir(tmp_path / "run"), launch_dir=tmp_path, started_at=0.0)
-    )._log_dataset(load_dataset(cfg.data))  # type: ignore[arg-type]
+    Mirror(store, RunContext(cfg=cfg, params={}, run_dir=RunDir(tmp_path / "run"),
+                             launch_dir=tmp_path, started_at=0.0))._log_dataset(load_dataset(cfg.data))  # type: ignore[arg-type]
     return store.profile
 
 
 # ---------------------------------------------------------------- SPEC 2.6 and 2.8: tags and order
 
 
-@pytest.mark.parametrize(
-    "group,index,tag",
-    [
-        ("failure", 0, "minibatch_fail_000"),
-        ("failure", 7, "minibatch_fail_007"),
-        ("success", 42, "minibatch_succ_042"),
-        ("success", 999, "minibatch_succ_999"),
-        ("failure", 1000, "minibatch_fail_1000"),
-    ],
-)
+@pytest.mark.parametrize("group,index,tag", [
+    ("failure", 0, "minibatch_fail_000"), ("failure", 7, "minibatch_fail_007"), ("success", 42, "minibatch_succ_042"),
+    ("success", 999, "minibatch_succ_999"), ("failure", 1000, "minibatch_fail_1000"),
+])
 def test_a_minibatch_tag_is_its_group_and_three_digit_index(group, index, tag):
     assert Minibatch(group, index, []).tag == tag
 
@@ -189,8 +165,7 @@ def test_the_plan_is_failures_by_index_then_successes_by_index(tmp_path):
     data = write_dataset(tmp_path / "d", n_fail=23, n_succ=5)
     plan = plan_of(data, "reflect.minibatch_size=2")
     assert [mb.tag for mb in plan] == [f"minibatch_fail_{i:03d}" for i in range(12)] + [
-        f"minibatch_succ_{i:03d}" for i in range(3)
-    ]
+        f"minibatch_succ_{i:03d}" for i in range(3)]
     outcomes = dry_stage(data, tmp_path / "run", "reflect.minibatch_size=2").run()
     assert [o.tag for o in outcomes] == [mb.tag for mb in plan]
     written = sorted(p.name for p in (tmp_path / "run" / "calls").iterdir())
@@ -199,16 +174,8 @@ def test_the_plan_is_failures_by_index_then_successes_by_index(tmp_path):
 
 # ---------------------------------------------------------------- SPEC 2.7 / behaviour 7.1: the fingerprint
 
-FP_BASE = (
-    "data.dir=unused",
-    OFFLINE,
-    "optimizer.model=m1",
-    "optimizer.temperature=0.2",
-    "optimizer.reasoning_effort=low",
-    "optimizer.sample=0",
-    "reflect.edit_budget=4",
-    "reflect.update_mode=patch",
-)
+FP_BASE = ("data.dir=unused", OFFLINE, "optimizer.model=m1", "optimizer.temperature=0.2",
+           "optimizer.reasoning_effort=low", "optimizer.sample=0", "reflect.edit_budget=4", "reflect.update_mode=patch")
 MESSAGES = [{"role": "system", "content": "the analyst template"}, {"role": "user", "content": "the skill and runs"}]
 # each one changes only the setting named, never the messages
 FP_FIELDS = {
@@ -264,10 +231,8 @@ def test_a_saved_patch_carries_the_fingerprint_of_its_settings_and_written_promp
     stage = stage_for(tmp_path, server, data, "optimizer.temperature=0.4", "optimizer.sample=2")
     [outcome] = stage.run()
     run_dir = RunDir(tmp_path / "run")
-    sent = [
-        {"role": "system", "content": run_dir.system_path(outcome.tag).read_text(encoding="utf-8")},
-        {"role": "user", "content": run_dir.user_path(outcome.tag, 1).read_text(encoding="utf-8")},
-    ]
+    sent = [{"role": "system", "content": run_dir.system_path(outcome.tag).read_text(encoding="utf-8")},
+            {"role": "user", "content": run_dir.user_path(outcome.tag, 1).read_text(encoding="utf-8")}]
     assert server.requests[0]["messages"] == sent
     assert json.loads(run_dir.patch_path(outcome.tag).read_text())["fingerprint"] == fingerprint(stage.cfg, sent)
 
@@ -306,9 +271,8 @@ def test_a_rerun_redoes_the_patch_exactly_when_the_fingerprint_changes(tmp_path,
 def fitted(data: Path, run_dir: Path, window: int, allowance: int, *overrides: str):
     """(parts, shortened) of the one minibatch's prompt with this window and output allowance."""
     key = "max_output_tokens_full_rewrite" if "reflect.update_mode=full_rewrite" in overrides else "max_output_tokens"
-    [outcome] = dry_stage(
-        data, run_dir, f"optimizer.context_window={window}", f"optimizer.{key}={allowance}", *overrides
-    ).run()
+    [outcome] = dry_stage(data, run_dir, f"optimizer.context_window={window}", f"optimizer.{key}={allowance}",
+                          *overrides).run()
     return outcome.parts, outcome.shortened
 
 
@@ -348,23 +312,16 @@ def test_a_split_is_logged_with_its_sizes(tmp_path, caplog):
     allowance, window = boundary(tokens, 1000)
     with caplog.at_level("INFO", logger="reflact"):
         assert fitted(data, tmp_path / "split", window - 1, allowance, "reflect.minibatch_size=5")[0] == 2
-    assert (
-        f"minibatch_fail_000: ~{tokens} prompt tokens do not fit optimizer.context_window={window - 1}; "
-        "splitting 5 trajectories into 3 + 2"
-    ) in caplog.messages
+    assert (f"minibatch_fail_000: ~{tokens} prompt tokens do not fit optimizer.context_window={window - 1}; "
+            "splitting 5 trajectories into 3 + 2") in caplog.messages
 
 
 def test_the_other_modes_allowance_does_not_count_against_the_window(tmp_path):
     data = write_dataset(tmp_path / "d", n_fail=4, n_succ=0)
     [outcome] = dry_stage(data, tmp_path / "plain").run()
     allowance, window = boundary(tokens_of(tmp_path / "plain", outcome.tag), 1000)
-    assert fitted(
-        data,
-        tmp_path / "a",
-        window,
-        allowance,
-        f"optimizer.max_output_tokens_full_rewrite={window + 1}",
-    ) == (1, 0)
+    assert fitted(data, tmp_path / "a", window, allowance, f"optimizer.max_output_tokens_full_rewrite={window + 1}",
+                  ) == (1, 0)
 
 
 # ---------------------------------------------------------------- behaviour 7.1: a redo starts clean
@@ -413,10 +370,8 @@ def part(edits: list[str], reasoning: str, **fields) -> CheckedReply:
 
 @pytest.mark.parametrize("budget,kept", [(3, ["a1", "b1", "a2"]), (-1, ["a1", "b1", "a2", "b2", "b3"]), (0, [])])
 def test_merged_parts_interleave_their_items_then_cut_to_l(budget, kept):
-    parts = [
-        part(["a1", "a2"], "first", failure_summary=[{"failure_type": "x"}], note="kept from the first"),
-        part(["b1", "b2", "b3"], "second", failure_summary=[{"failure_type": "y"}], note="dropped"),
-    ]
+    parts = [part(["a1", "a2"], "first", failure_summary=[{"failure_type": "x"}], note="kept from the first"),
+             part(["b1", "b2", "b3"], "second", failure_summary=[{"failure_type": "y"}], note="dropped")]
     merged = merge_replies(parts, get_mode("patch"), budget)
     assert [e["content"] for e in merged.obj["patch"]["edits"]] == kept
     assert (merged.proposed, merged.kept) == (3 + 4, len(kept))
@@ -493,22 +448,11 @@ def test_every_count_of_the_summary_has_its_own_known_value(tmp_path, server):
     re-ask, failed after retries, done from the response cache (2), done with a run skipped, and
     not run for the cost cap."""
     data = write_dataset(tmp_path / "d", n_fail=18, n_succ=9)
-    common = [
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.cache=read_write",
-        f"optimizer.cache_path={tmp_path / 'cache.db'}",
-        "optimizer.retry.initial_wait_s=0.01",
-        "optimizer.retry.max_wait_s=0.02",
-        "optimizer.retry.max_attempts=3",
-        f"optimizer.max_output_tokens={ALLOWANCE}",
-        PRICE,
-        "reflect.minibatch_size=3",
-        "reflect.edit_budget=6",
-        "reflect.workers=1",
-        "mlflow.enabled=false",
-    ]
+    common = [f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+              "optimizer.cache=read_write", f"optimizer.cache_path={tmp_path / 'cache.db'}",
+              "optimizer.retry.initial_wait_s=0.01", "optimizer.retry.max_wait_s=0.02",
+              "optimizer.retry.max_attempts=3", f"optimizer.max_output_tokens={ALLOWANCE}", PRICE,
+              "reflect.minibatch_size=3", "reflect.edit_budget=6", "reflect.workers=1", "mlflow.enabled=false"]
     run_dir = tmp_path / "run"
     server.script = lambda request, number: good_reply(request)
     first = run_experiment(make_config(*common), {}, run_dir, Launch(tmp_path))
@@ -545,48 +489,20 @@ def test_every_count_of_the_summary_has_its_own_known_value(tmp_path, server):
     assert server.count - before == 4 + 3 + 1  # fail_003: 2 retried + 2 answered; fail_004: 3 attempts; succ_001
     assert seen == {"minibatch_fail_003": 4, "minibatch_fail_004": 3, "minibatch_succ_001": 1}
     assert [mb["status"] for mb in summary["minibatches"]] == [
-        "reused",
-        "reused",
-        "skipped",
-        "done",
-        "failed",
-        "done",
-        "done",
-        "done",
-        "not_run",
-    ]
+        "reused", "reused", "skipped", "done", "failed", "done", "done", "done", "not_run"]
     n_replies, n_calls, n_patches = 2 + 2 + 1 + 1 + 1, 3, 6
     c = summary["counts"]
     assert isinstance(c.pop("wall_time_s"), float)
     assert c == {
-        "results": 27,
-        "failures": 18,
-        "successes": 9,
-        "skipped": 4,
-        "minibatches": 9,
-        "minibatches_done": 4,
-        "minibatches_reused": 2,
-        "minibatches_failed": 1,
-        "minibatches_skipped": 1,
-        "minibatches_not_run": 1,
-        "minibatches_dry_run": 0,
-        "calls": n_calls,
-        "failed_calls": 1,
-        "reasks": 1,
-        "retries": 2 + 2,
-        "cache_hits": 2,
-        "edits_proposed": 10 * n_patches,
-        "edits_kept": 6 * n_patches,
-        "edits_truncated": 4 * n_patches,
-        "tokens_prompt": 300 * n_replies,
-        "tokens_cached": 70 * n_replies,
-        "tokens_completion": 40 * n_replies,
+        "results": 27, "failures": 18, "successes": 9, "skipped": 4, "minibatches": 9,
+        "minibatches_done": 4, "minibatches_reused": 2, "minibatches_failed": 1, "minibatches_skipped": 1,
+        "minibatches_not_run": 1, "minibatches_dry_run": 0,
+        "calls": n_calls, "failed_calls": 1, "reasks": 1, "retries": 2 + 2, "cache_hits": 2,
+        "edits_proposed": 10 * n_patches, "edits_kept": 6 * n_patches, "edits_truncated": 4 * n_patches,
+        "tokens_prompt": 300 * n_replies, "tokens_cached": 70 * n_replies, "tokens_completion": 40 * n_replies,
         "tokens_reasoning": 9 * n_replies,
-        "cost_usd": pytest.approx(REPLY_COST * n_replies),
-        "spent_usd": pytest.approx(REPLY_COST * n_calls),
-        "edits_applied": 2 * n_patches,
-        "edits_fallback": 1 * n_patches,
-        "edits_skipped": 3 * n_patches,
+        "cost_usd": pytest.approx(REPLY_COST * n_replies), "spent_usd": pytest.approx(REPLY_COST * n_calls),
+        "edits_applied": 2 * n_patches, "edits_fallback": 1 * n_patches, "edits_skipped": 3 * n_patches,
         "apply_share": 0.5,
     }
     assert sorted(summary["skipped"]) == sorted([*tag_ids["minibatch_fail_002"], tag_ids["minibatch_succ_001"][0]])
@@ -604,13 +520,8 @@ def test_every_count_of_the_summary_has_its_own_known_value(tmp_path, server):
         "minibatch_succ_002": (0, 0, 0, 0, 0, 3, 0, 0),
     }
     assert [records[tag]["truncated"] for tag in records] == [4, 4, 0, 4, 0, 4, 4, 4, 0]
-    assert records["minibatch_fail_003"]["apply"] == {
-        "applied": 2,
-        "fallback": 1,
-        "skipped": 3,
-        "total": 6,
-        "apply_share": 0.5,
-    }
+    assert records["minibatch_fail_003"]["apply"] == {"applied": 2, "fallback": 1, "skipped": 3, "total": 6,
+                                                      "apply_share": 0.5}
     assert records["minibatch_succ_002"]["error"] == "cost limit reached"
     assert records["minibatch_fail_003"]["spent_usd"] == pytest.approx(2 * REPLY_COST)
     assert records["minibatch_fail_005"]["spent_usd"] == 0 and records["minibatch_fail_005"]["cost_usd"] > 0
@@ -618,14 +529,8 @@ def test_every_count_of_the_summary_has_its_own_known_value(tmp_path, server):
 
 def test_a_dry_run_counts_its_minibatches_as_dry_run_and_spends_nothing(tmp_path):
     data = write_dataset(tmp_path / "d", n_fail=2, n_succ=5, missing=2)
-    cfg = make_config(
-        f"data.dir={data}",
-        "optimizer=dry_run",
-        "optimizer.model=test",
-        "reflect.minibatch_size=2",
-        "+optimizer.prices.test={input:1,cached_input:0,output:2}",
-        "mlflow.enabled=false",
-    )
+    cfg = make_config(f"data.dir={data}", "optimizer=dry_run", "optimizer.model=test", "reflect.minibatch_size=2",
+                      "+optimizer.prices.test={input:1,cached_input:0,output:2}", "mlflow.enabled=false")
     c = run_experiment(cfg, {}, tmp_path / "run", Launch(tmp_path)).summary["counts"]
     # failures 000 (both runs missing); successes 000, 001, 002
     assert (c["minibatches"], c["minibatches_dry_run"], c["minibatches_skipped"], c["skipped"]) == (4, 3, 1, 2)
@@ -636,23 +541,14 @@ def test_a_dry_run_counts_its_minibatches_as_dry_run_and_spends_nothing(tmp_path
 
 def test_a_rewrite_run_lists_its_kept_items_and_has_no_apply_counts(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=3, n_succ=2)
-    cfg = make_config(
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.cache=off",
-        "reflect.update_mode=rewrite",
-        "reflect.edit_budget=2",
-        "mlflow.enabled=false",
-    )
+    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.cache=off", "reflect.update_mode=rewrite", "reflect.edit_budget=2",
+                      "mlflow.enabled=false")
     summary = run_experiment(cfg, {}, tmp_path / "run", Launch(tmp_path)).summary
     rows = list(RunDir(tmp_path / "run").kept_items())
     assert [(r["minibatch"], r["position"], r["item"]["title"]) for r in rows] == [
-        ("minibatch_fail_000", 0, "s0"),
-        ("minibatch_fail_000", 1, "s1"),
-        ("minibatch_succ_000", 0, "s0"),
-        ("minibatch_succ_000", 1, "s1"),
-    ]
+        ("minibatch_fail_000", 0, "s0"), ("minibatch_fail_000", 1, "s1"),
+        ("minibatch_succ_000", 0, "s0"), ("minibatch_succ_000", 1, "s1")]
     assert all("apply" not in r for r in rows)
     c = summary["counts"]
     assert (c["edits_proposed"], c["edits_kept"], c["edits_truncated"]) == (8, 4, 4)
@@ -662,23 +558,10 @@ def test_a_rewrite_run_lists_its_kept_items_and_has_no_apply_counts(tmp_path, se
 
 def status_of(*statuses: str, dry_run: bool = False, allow_failed: bool = True) -> tuple[str, str]:
     """run_status for minibatches that ended so (a failed one with the error 'boom')."""
-    cfg = make_config(
-        "data.dir=unused",
-        OFFLINE,
-        f"reflect.allow_failed_minibatches={allow_failed}",
-        *(["optimizer=dry_run"] if dry_run else []),
-    )
-    outcomes = [
-        Outcome(
-            tag=f"minibatch_fail_{i:03d}",
-            group="failure",
-            index=i,
-            ids=[],
-            status=s,
-            error="boom" if s == "failed" else "",
-        )
-        for i, s in enumerate(statuses)
-    ]
+    cfg = make_config("data.dir=unused", OFFLINE, f"reflect.allow_failed_minibatches={allow_failed}",
+                      *(["optimizer=dry_run"] if dry_run else []))
+    outcomes = [Outcome(tag=f"minibatch_fail_{i:03d}", group="failure", index=i, ids=[], status=s,
+                        error="boom" if s == "failed" else "") for i, s in enumerate(statuses)]
     dataset = Dataset(skill="", results=[], predictions=Path("."), max_bytes=1)
     return run_status(counts(cfg, dataset, outcomes, 0.0), cfg, outcomes, Path("the-run"))
 
@@ -686,14 +569,12 @@ def status_of(*statuses: str, dry_run: bool = False, allow_failed: bool = True) 
 def test_the_run_fails_when_no_minibatch_made_a_patch_or_a_failure_is_not_allowed():
     status, why = status_of("failed", "not_run", "skipped")
     assert status == "FAILED" and why.startswith(
-        "no minibatch produced a patch (1 failed, 1 not run; first error: boom)"
-    )
+        "no minibatch produced a patch (1 failed, 1 not run; first error: boom)")
     assert "hydra.run.dir=the-run" in why
     assert status_of("not_run")[0] == "FAILED"
     status, why = status_of("done", "failed", allow_failed=False)
     assert status == "FAILED" and why.startswith(
-        "1 minibatch(es) failed and reflect.allow_failed_minibatches=false; first error: boom; rerun"
-    )
+        "1 minibatch(es) failed and reflect.allow_failed_minibatches=false; first error: boom; rerun")
     for fine in [("done", "failed"), ("reused", "failed", "not_run"), ("skipped", "skipped"), ()]:
         assert status_of(*fine) == ("FINISHED", ""), fine
     assert status_of("dry_run", "dry_run", dry_run=True) == ("FINISHED", "")
@@ -709,13 +590,8 @@ KEY = "sk-test-" + "Zq9" * 8  # long enough that its last 8 characters are redac
 def test_a_key_a_server_echoes_is_redacted_in_every_record_of_the_run(tmp_path, server, monkeypatch, echo):
     data = write_dataset(tmp_path / "d", n_fail=2, n_succ=0)
     server.script = lambda r, n: Response(status=401, body={"error": {"message": f"bad key {echo} given"}})
-    cfg = make_config(
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.cache=off",
-        "mlflow.enabled=false",
-    )
+    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.cache=off", "mlflow.enabled=false")
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     result = run_experiment(cfg, {}, tmp_path / "run", Launch(tmp_path))
     assert server.authorizations == [f"Bearer {KEY}"]  # meaningful: the key was sent, and echoed back

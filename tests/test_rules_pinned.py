@@ -54,38 +54,27 @@ class Overlap:
 
 def worst_cases(tmp_path: Path, data: Path, *overrides: str) -> list[float]:
     """Each minibatch's worst case, from the prompts a dry run of the same settings writes."""
-    cfg = make_config(
-        f"data.dir={data}", "optimizer.base_url=http://127.0.0.1:9", "optimizer.model=test", PRICED, *overrides
-    )
+    cfg = make_config(f"data.dir={data}", "optimizer.base_url=http://127.0.0.1:9", "optimizer.model=test",
+                      PRICED, *overrides)
     run_dir = RunDir(tmp_path / "dry")
     outcomes = Stage(cfg, load_dataset(cfg.data), DryRunEstimator(1500), run_dir.root).run()
     price = cfg.optimizer.prices["test"]
-    return [
-        worst_cost(
-            [
-                {"role": "system", "content": run_dir.system_path(o.tag).read_text("utf-8")},
-                {"role": "user", "content": run_dir.user_path(o.tag, 1).read_text("utf-8")},
-            ],
-            cfg.optimizer.max_output_tokens,
-            price,
-        )
-        for o in outcomes
-    ]
+    return [worst_cost([{"role": "system", "content": run_dir.system_path(o.tag).read_text("utf-8")},
+                        {"role": "user", "content": run_dir.user_path(o.tag, 1).read_text("utf-8")}],
+                       cfg.optimizer.max_output_tokens, price) for o in outcomes]
 
 
 # ---------------------------------------------------------------- the cost cap
 
 
-@pytest.mark.parametrize(
-    ("room", "overlap"), [(1.5, False), (2.5, True)], ids=["room for one worst case", "room for two"]
-)
+@pytest.mark.parametrize(("room", "overlap"), [(1.5, False), (2.5, True)],
+                         ids=["room for one worst case", "room for two"])
 def test_the_cost_cap_reserves_each_requests_worst_case_and_waits_for_others(tmp_path, server, room, overlap):
     data = write_dataset(tmp_path / "d", n_fail=2, n_succ=0)
     worst = max(worst_cases(tmp_path, data, ONE_EACH))
     server.script = gate = Overlap()
-    outcomes = stage_for(
-        tmp_path, server, data, ONE_EACH, PRICED, "reflect.workers=2", f"optimizer.max_cost_usd={room * worst!r}"
-    ).run()
+    outcomes = stage_for(tmp_path, server, data, ONE_EACH, PRICED, "reflect.workers=2",
+                         f"optimizer.max_cost_usd={room * worst!r}").run()
     # the second request waited for the first one's reservation to settle, then fitted
     assert [o.status for o in outcomes] == ["done", "done"] and server.count == 2
     assert gate.most == (2 if overlap else 1)
@@ -96,9 +85,8 @@ def test_a_request_whose_worst_case_exactly_fits_the_cap_may_start(tmp_path, ser
     [worst] = worst_cases(tmp_path, data, ONE_EACH)
     [done] = stage_for(tmp_path, server, data, ONE_EACH, PRICED, f"optimizer.max_cost_usd={worst!r}").run()
     assert done.status == "done" and server.count == 1
-    [refused] = stage_for(
-        tmp_path, server, data, ONE_EACH, PRICED, f"optimizer.max_cost_usd={worst * 0.999!r}", run_dir=tmp_path / "less"
-    ).run()
+    [refused] = stage_for(tmp_path, server, data, ONE_EACH, PRICED, f"optimizer.max_cost_usd={worst * 0.999!r}",
+                          run_dir=tmp_path / "less").run()
     assert refused.status == "not_run" and server.count == 1
 
 
@@ -125,15 +113,11 @@ def test_the_run_dir_lock_refuses_a_second_process_and_goes_with_the_first(tmp_p
 def test_the_temporaries_of_a_killed_run_are_removed_by_the_next(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=1, n_succ=0)
     run = tmp_path / "run"
-    left = [
-        run / "patches" / ".minibatch_fail_000.json.0a1b2c3d.tmp",
-        run / "calls" / "minibatch_fail_000" / ".reply_1.txt.0a1b2c3d.tmp",
-        run / ".summary.json.0a1b2c3d.tmp",
-        run / ".report.md.0a1b2c3d.tmp",
-        run / ".kept_items.jsonl.0a1b2c3d.tmp",
-        run / ".analysis.json.0a1b2c3d.tmp",
-        run / ".hydra" / ".config.yaml.0a1b2c3d.tmp",
-    ]
+    left = [run / "patches" / ".minibatch_fail_000.json.0a1b2c3d.tmp",
+            run / "calls" / "minibatch_fail_000" / ".reply_1.txt.0a1b2c3d.tmp",
+            run / ".summary.json.0a1b2c3d.tmp", run / ".report.md.0a1b2c3d.tmp",
+            run / ".kept_items.jsonl.0a1b2c3d.tmp", run / ".analysis.json.0a1b2c3d.tmp",
+            run / ".hydra" / ".config.yaml.0a1b2c3d.tmp"]
     mine = run / "calls" / "notes.txt"  # not reflact's: stays
     for path in [*left, mine]:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -154,16 +138,9 @@ def mlflow_status(launch_dir: Path, run_dir: Path) -> str:
 
 def tracked(tmp_path, server, launch_dir, *overrides):
     data = write_dataset(tmp_path / "d", n_fail=3, n_succ=0)
-    return make_config(
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.cache=off",
-        ONE_EACH,
-        "reflect.workers=1",
-        *overrides,
-        f"mlflow.tracking_uri=sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}",
-    )
+    return make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                       "optimizer.cache=off", ONE_EACH, "reflect.workers=1", *overrides,
+                       f"mlflow.tracking_uri=sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}")
 
 
 def test_the_mlflow_run_is_killed_on_ctrl_c(tmp_path, server, launch_dir):
@@ -218,9 +195,8 @@ def test_a_workers_bug_stops_new_submissions(tmp_path, server, monkeypatch):
 def test_every_attempt_takes_its_tokens_from_the_tpm_allowance(tmp_path, server):
     from tests.test_faults import MESSAGES, client_for
 
-    server.script = lambda request, number: (
-        Response(status=500, body={"error": {"message": "x"}}) if number <= 2 else None
-    )
+    server.script = lambda request, number: Response(status=500, body={"error": {"message": "x"}}) \
+        if number <= 2 else None
     tpm, allowance = 10**8, 2 * 10**7
     with closing(client_for(tmp_path, server, f"optimizer.tpm={tpm}")) as client:
         client.complete(MESSAGES, allowance)
@@ -235,16 +211,8 @@ def test_retries_stop_at_the_retry_time_budget(tmp_path, server):
     from tests.test_faults import MESSAGES, client_for
 
     server.script = lambda request, number: Response(status=500, body={"error": {"message": "down"}})
-    with closing(
-        client_for(
-            tmp_path,
-            server,
-            "optimizer.retry.max_attempts=200",
-            "optimizer.retry.max_seconds=0.5",
-            "optimizer.retry.initial_wait_s=0.05",
-            "optimizer.retry.max_wait_s=0.05",
-        )
-    ) as client:
+    with closing(client_for(tmp_path, server, "optimizer.retry.max_attempts=200", "optimizer.retry.max_seconds=0.5",
+                            "optimizer.retry.initial_wait_s=0.05", "optimizer.retry.max_wait_s=0.05")) as client:
         with pytest.raises(CallError, match="HTTP 500"):
             client.complete(MESSAGES, 10)
     assert 2 <= server.count < 100  # ~10 attempts fit in 0.5 s; 200 would take 10 s and more
@@ -252,11 +220,8 @@ def test_retries_stop_at_the_retry_time_budget(tmp_path, server):
 
 def test_failed_calls_count_requests_not_attempts(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=2, n_succ=0)
-    server.script = lambda request, number: (
-        Response(status=500, body={"error": {"message": "down"}})
-        if "id: run_00000)" in request["messages"][1]["content"]
-        else None
-    )
+    server.script = lambda request, number: Response(status=500, body={"error": {"message": "down"}}) \
+        if "id: run_00000)" in request["messages"][1]["content"] else None
     outcomes = stage_for(tmp_path, server, data, ONE_EACH, "optimizer.retry.max_attempts=3").run()
     [first] = [o for o in outcomes if o.ids == ["run_00000"]]
     [second] = [o for o in outcomes if o.ids == ["run_00001"]]
@@ -281,17 +246,14 @@ def test_the_fingerprint_holds_the_draws_sample_index(tmp_path, server):
     assert [o.status for o in again] == ["reused", "reused"] and server.count == 2
 
 
-@pytest.mark.parametrize(
-    "statuses,failed,parent",
-    [
-        (["FINISHED", "KILLED", "FINISHED"], False, "KILLED"),
-        (["FAILED", "KILLED"], True, "KILLED"),  # a stopped job says more than a failed one
-        (["FINISHED", "FAILED"], False, "FAILED"),
-        (["FINISHED", "RUNNING"], False, "FAILED"),  # a job that never ended is no result
-        (["FINISHED", "FINISHED"], True, "FAILED"),  # a job without a run, or the sweep aborted
-        (["FINISHED", "FINISHED"], False, "FINISHED"),
-    ],
-)
+@pytest.mark.parametrize("statuses,failed,parent", [
+    (["FINISHED", "KILLED", "FINISHED"], False, "KILLED"),
+    (["FAILED", "KILLED"], True, "KILLED"),  # a stopped job says more than a failed one
+    (["FINISHED", "FAILED"], False, "FAILED"),
+    (["FINISHED", "RUNNING"], False, "FAILED"),  # a job that never ended is no result
+    (["FINISHED", "FINISHED"], True, "FAILED"),  # a job without a run, or the sweep aborted
+    (["FINISHED", "FINISHED"], False, "FINISHED"),
+])
 def test_a_sweep_parent_is_killed_when_a_job_was_killed(monkeypatch, tmp_path, statuses, failed, parent):
     import pandas as pd
 

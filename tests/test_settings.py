@@ -60,23 +60,12 @@ def test_a_bad_number_is_an_error_naming_its_key(key, value):
     assert key in config_error(f"{key}={value}")
 
 
-@pytest.mark.parametrize(
-    "override",
-    [
-        "optimizer.temperature=0",
-        "optimizer.temperature=2",
-        "optimizer.max_cost_usd=0",
-        "optimizer.retry.max_seconds=0",
-        "optimizer.retry.initial_wait_s=0",
-        "optimizer.sample=0",
-        "reflect.success_threshold=0.5",
-        "reflect.success_threshold=-1",
-        "reflect.edit_budget=-1",
-        "reflect.seed=-3",
-        "optimizer.context_window=16385",
-        "data.max_file_mb=0.001",
-    ],
-)
+@pytest.mark.parametrize("override", [
+    "optimizer.temperature=0", "optimizer.temperature=2", "optimizer.max_cost_usd=0",
+    "optimizer.retry.max_seconds=0", "optimizer.retry.initial_wait_s=0", "optimizer.sample=0",
+    "reflect.success_threshold=0.5", "reflect.success_threshold=-1", "reflect.edit_budget=-1",
+    "reflect.seed=-3", "optimizer.context_window=16385", "data.max_file_mb=0.001",
+])
 def test_numbers_at_the_edge_of_their_range_are_accepted(override):
     make_config(DATA, override)
 
@@ -85,12 +74,8 @@ def test_the_context_window_must_leave_room_beside_the_modes_reply():
     make_config(DATA, "optimizer.context_window=32000")  # patch mode: 16384 for the reply
     message = config_error("reflect.update_mode=full_rewrite", "optimizer.context_window=32000")
     assert "optimizer.context_window" in message and "optimizer.max_output_tokens_full_rewrite" in message
-    make_config(
-        DATA,
-        "reflect.update_mode=full_rewrite",
-        "optimizer.context_window=32000",
-        "optimizer.max_output_tokens_full_rewrite=16000",
-    )
+    make_config(DATA, "reflect.update_mode=full_rewrite", "optimizer.context_window=32000",
+                "optimizer.max_output_tokens_full_rewrite=16000")
 
 
 @pytest.mark.parametrize("price", ["{input:nan}", "{input:inf,output:1}", "{output:-1}", "{input:true}", "3"])
@@ -108,31 +93,17 @@ def test_a_good_price_is_kept_as_numbers():
 # URLs: http(s) with a host
 
 
-@pytest.mark.parametrize(
-    "url",
-    [
-        "ftp://host/v1",
-        "localhost:8000",
-        "file:///srv/api/v1",
-        "http://",
-        "http:///v1",
-        "''",
-        "https://host:99999/v1",
-        "'http://host /v1'",
-    ],
-)
+@pytest.mark.parametrize("url", [
+    "ftp://host/v1", "localhost:8000", "file:///srv/api/v1", "http://", "http:///v1", "''",
+    "https://host:99999/v1", "'http://host /v1'",
+])
 def test_base_url_must_be_http_with_a_host(url):
     assert "optimizer.base_url" in config_error(f"optimizer.base_url={url}")
 
 
-@pytest.mark.parametrize(
-    "url",
-    [
-        "http://127.0.0.1:8000/v1",
-        "https://api.example.com/v1",
-        "'https://res.example.com/openai?api-version=2024-10-21'",
-    ],
-)
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:8000/v1", "https://api.example.com/v1", "'https://res.example.com/openai?api-version=2024-10-21'",
+])
 def test_ordinary_base_urls_are_accepted(url):
     assert make_config(DATA, f"optimizer.base_url={url}").optimizer.base_url == url.strip("'")
 
@@ -144,9 +115,8 @@ def test_azure_endpoint_must_be_http_with_a_host(endpoint):
 
 
 def test_a_good_azure_endpoint_is_accepted():
-    cfg = make_config(
-        DATA, "optimizer=azure", "optimizer.azure.endpoint=https://res.openai.azure.com", "optimizer.azure.deployment=d"
-    )
+    cfg = make_config(DATA, "optimizer=azure", "optimizer.azure.endpoint=https://res.openai.azure.com",
+                      "optimizer.azure.deployment=d")
     assert cfg.optimizer.azure.endpoint == "https://res.openai.azure.com"
 
 
@@ -156,21 +126,12 @@ def test_a_good_azure_endpoint_is_accepted():
 SECRET = "sk-test-Zq8RwX3Lp0uV7y"
 
 
-@pytest.mark.parametrize(
-    "url",
-    [
-        f"https://user:{SECRET}@host/v1",
-        f"https://{SECRET}@host/v1",
-        f"'https://host/v1?api_key={SECRET}'",
-        f"'https://host/v1?api-key={SECRET}'",
-        f"'https://host/v1?key={SECRET}'",
-        f"'https://host/v1?token={SECRET}'",
-        f"'https://host/v1?access_token={SECRET}'",
-        f"'https://host/v1?x={SECRET}'",
-        f"'https://host/v1#token={SECRET}'",
-        f"https://host/v1/{SECRET}",
-    ],
-)
+@pytest.mark.parametrize("url", [
+    f"https://user:{SECRET}@host/v1", f"https://{SECRET}@host/v1",
+    f"'https://host/v1?api_key={SECRET}'", f"'https://host/v1?api-key={SECRET}'", f"'https://host/v1?key={SECRET}'",
+    f"'https://host/v1?token={SECRET}'", f"'https://host/v1?access_token={SECRET}'", f"'https://host/v1?x={SECRET}'",
+    f"'https://host/v1#token={SECRET}'", f"https://host/v1/{SECRET}",
+])
 def test_a_base_url_with_credentials_is_refused_without_echoing_them(url):
     message = config_error(f"optimizer.base_url={url}")
     assert "optimizer.base_url" in message
@@ -183,34 +144,21 @@ def test_the_credentials_error_points_at_the_key_variable():
 
 
 def test_an_azure_endpoint_with_credentials_is_refused_without_echoing_them():
-    message = config_error(
-        "optimizer=azure",
-        f"optimizer.azure.endpoint=https://u:{SECRET}@res.openai.azure.com",
-        "optimizer.azure.deployment=d",
-    )
+    message = config_error("optimizer=azure", f"optimizer.azure.endpoint=https://u:{SECRET}@res.openai.azure.com",
+                           "optimizer.azure.deployment=d")
     assert "optimizer.azure.endpoint" in message and SECRET not in message
 
 
-@pytest.mark.parametrize(
-    "uri",
-    [f"http://u:{SECRET}@mlflow:5000", f"'postgresql://u:{SECRET}@db/mlflow'", f"'http://mlflow:5000?token={SECRET}'"],
-)
+@pytest.mark.parametrize("uri", [f"http://u:{SECRET}@mlflow:5000", f"'postgresql://u:{SECRET}@db/mlflow'",
+                                 f"'http://mlflow:5000?token={SECRET}'"])
 def test_a_tracking_uri_with_credentials_is_refused_without_echoing_them(uri):
     # the config is logged as params: credentials belong in MLflow's own variables
     message = config_error(f"mlflow.tracking_uri={uri}")
     assert "mlflow.tracking_uri" in message and "MLFLOW_TRACKING" in message and SECRET not in message
 
 
-@pytest.mark.parametrize(
-    "uri",
-    [
-        "http://mlflow:5000",
-        "sqlite:///outputs/mlflow.db",
-        "postgresql://u@db/mlflow",
-        "'sqlite:///my runs/mlflow.db'",
-        "databricks://profile:prefix",
-    ],
-)
+@pytest.mark.parametrize("uri", ["http://mlflow:5000", "sqlite:///outputs/mlflow.db", "postgresql://u@db/mlflow",
+                                 "'sqlite:///my runs/mlflow.db'", "databricks://profile:prefix"])
 def test_ordinary_tracking_uris_are_accepted(uri):
     make_config(DATA, f"mlflow.tracking_uri={uri}")
 
@@ -253,9 +201,8 @@ def test_presets_with_a_default_model_keep_it(preset):
     assert cfg.optimizer.model == "gpt-5"
 
 
-@pytest.mark.parametrize(
-    "key", ["optimizer.model", "prompts.error", "prompts.success", "mlflow.experiment", "optimizer.cache_path"]
-)
+@pytest.mark.parametrize("key", ["optimizer.model", "prompts.error", "prompts.success", "mlflow.experiment",
+                                 "optimizer.cache_path"])
 def test_an_empty_name_is_an_error(key):
     assert key in config_error(f"{key}=''")
 
@@ -267,9 +214,8 @@ def test_an_empty_name_is_an_error(key):
 KEY = "reflect.step_buffer"
 
 
-@pytest.mark.parametrize(
-    "value", ["prompts/missing", "./missing", "../missing", "~/no-such-reflact-file", "notes.text", "/no/such/dir/ctx"]
-)
+@pytest.mark.parametrize("value", ["prompts/missing", "./missing", "../missing", "~/no-such-reflact-file",
+                                   "notes.text", "/no/such/dir/ctx"])
 def test_a_value_that_looks_like_a_path_must_name_a_file(value, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match=r"reflect\.step_buffer: no such file"):
@@ -301,16 +247,13 @@ def test_an_unreadable_file_names_the_key(tmp_path, monkeypatch):
         text_or_file(str(path), "reflect.meta_skill")
 
 
-@pytest.mark.parametrize(
-    "value",
-    [
-        "Prefer refund/exchange over cancel.",  # a sentence may hold a slash
-        "x" * 300,  # longer than a file name may be: was an OSError traceback
-        "one line with a NUL \x00 byte",
-        "first line\nprompts/missing",
-        "  ",
-    ],
-)
+@pytest.mark.parametrize("value", [
+    "Prefer refund/exchange over cancel.",  # a sentence may hold a slash
+    "x" * 300,  # longer than a file name may be: was an OSError traceback
+    "one line with a NUL \x00 byte",
+    "first line\nprompts/missing",
+    "  ",
+])
 def test_inline_text_stays_text(value):
     assert text_or_file(value, KEY) == value
 
@@ -349,16 +292,14 @@ def test_cli_never_echoes_credentials_in_base_url(tmp_path, server):
 
 
 def test_cli_nan_threshold_is_an_error(tmp_path, server):
-    proc = cli(
-        tmp_path, "optimizer.model=test", f"optimizer.base_url={server.base_url}", "reflect.success_threshold=nan"
-    )
+    proc = cli(tmp_path, "optimizer.model=test", f"optimizer.base_url={server.base_url}",
+               "reflect.success_threshold=nan")
     assert_one_line_error(proc, "reflect.success_threshold")
     assert server.count == 0
 
 
 def test_cli_prompt_path_without_suffix_must_exist(tmp_path, server):
-    proc = cli(
-        tmp_path, "optimizer.model=test", f"optimizer.base_url={server.base_url}", "prompts.error=prompts/my_error"
-    )
+    proc = cli(tmp_path, "optimizer.model=test", f"optimizer.base_url={server.base_url}",
+               "prompts.error=prompts/my_error")
     assert_one_line_error(proc, "prompts.error", "prompts/my_error")
     assert server.count == 0

@@ -53,26 +53,13 @@ def test_it_takes_the_reference_arguments_in_the_reference_order():
 def test_skillopt_reads_support_counts_and_failure_descriptions_from_reflacts_patches(tmp_path, endpoint):
     data, results, skill = inputs(tmp_path)
     step_dir = tmp_path / "step_1"
-    patches = run_minibatch_reflect(
-        results,
-        skill,
-        str(data / "predictions"),
-        str(step_dir / "patches"),
-        4,
-        False,
-        minibatch_size=4,
-        edit_budget=2,
-        random_seed=3,
-    )
+    patches = run_minibatch_reflect(results, skill, str(data / "predictions"), str(step_dir / "patches"), 4, False,
+                                    minibatch_size=4, edit_budget=2, random_seed=3)
     assert len(patches) == 3 + 2  # ceil(11/4) failure and ceil(6/4) success minibatches, in plan order
     assert [p["source_type"] for p in patches] == ["failure"] * 3 + ["success"] * 2
     assert sorted(f.name for f in (step_dir / "patches").iterdir()) == [
-        "minibatch_fail_000.json",
-        "minibatch_fail_001.json",
-        "minibatch_fail_002.json",
-        "minibatch_succ_000.json",
-        "minibatch_succ_001.json",
-    ]
+        "minibatch_fail_000.json", "minibatch_fail_001.json", "minibatch_fail_002.json",
+        "minibatch_succ_000.json", "minibatch_succ_001.json"]
     supports = {p["trajectory_ids"][0]: len(p["trajectory_ids"]) for p in patches}
 
     failure, success = trainer._normalise_patches(patches, "patch")
@@ -92,17 +79,8 @@ def test_skillopt_merges_reflacts_patches_and_keeps_their_support(tmp_path, endp
     import skillopt.model as skillopt_model
 
     data, results, skill = inputs(tmp_path)
-    patches = run_minibatch_reflect(
-        results,
-        skill,
-        str(data / "predictions"),
-        str(tmp_path / "patches"),
-        4,
-        False,
-        minibatch_size=4,
-        edit_budget=2,
-        random_seed=3,
-    )
+    patches = run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 4, False,
+                                    minibatch_size=4, edit_budget=2, random_seed=3)
     supports = {p["trajectory_ids"][0]: p["batch_size"] for p in patches}
     failure, success = trainer._normalise_patches(patches, "patch")
     monkeypatch.setattr(aggregate, "load_prompt", lambda name, env=None: f"Merge the {name} patches into one.")
@@ -121,20 +99,10 @@ def test_deprecated_step_buffer_aliases_warn_and_reach_the_prompt(tmp_path, endp
     data, results, skill = inputs(tmp_path, n_fail=2, n_succ=0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run_minibatch_reflect(
-            results,
-            skill,
-            str(data / "predictions"),
-            str(tmp_path / "patches"),
-            1,
-            True,
-            rejection_context="tried rule X, rejected",
-            trajectory_memory_context="run 4 looped",
-        )
+        run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 1, True,
+                              rejection_context="tried rule X, rejected", trajectory_memory_context="run 4 looped")
     assert {str(w.message).split(" is")[0] for w in caught if w.category is DeprecationWarning} == {
-        "rejection_context",
-        "trajectory_memory_context",
-    }
+        "rejection_context", "trajectory_memory_context"}
     user = endpoint.requests[-1]["messages"][1]["content"]
     assert "## Previous Steps in This Epoch\ntried rule X, rejected\nrun 4 looped" in user
 
@@ -162,13 +130,8 @@ def skillopt_settings(monkeypatch, tmp_path):
 
     for name in [n for n in os.environ if n.startswith(("OPENAI_", "AZURE_OPENAI", "OPTIMIZER_"))]:
         monkeypatch.delenv(name)
-    for name in (
-        "OPTIMIZER_AZURE_OPENAI_ENDPOINT",
-        "OPTIMIZER_AZURE_OPENAI_API_KEY",
-        "OPTIMIZER_AZURE_OPENAI_AUTH_MODE",
-        "OPTIMIZER_AZURE_OPENAI_API_VERSION",
-        "OPTIMIZER_DEPLOYMENT",
-    ):
+    for name in ("OPTIMIZER_AZURE_OPENAI_ENDPOINT", "OPTIMIZER_AZURE_OPENAI_API_KEY",
+                 "OPTIMIZER_AZURE_OPENAI_AUTH_MODE", "OPTIMIZER_AZURE_OPENAI_API_VERSION", "OPTIMIZER_DEPLOYMENT"):
         monkeypatch.setenv(name, "")  # SkillOpt writes these: removed again after the test
         monkeypatch.delenv(name)
     for attr in [a for a in vars(so) if a.isupper() or a.startswith("_optimizer")]:
@@ -201,38 +164,23 @@ def test_install_is_what_skillopts_adapters_call_and_uninstall_puts_skillopts_ba
 
 
 def test_skillopts_openai_compatible_settings_model_key_effort_and_skill_aware_switch_are_used(
-    tmp_path, server, skillopt_settings
-):
+        tmp_path, server, skillopt_settings):
     from skillopt.optimizer.skill_aware import configure_skill_aware_reflection
 
     configure(skillopt_settings, server.base_url + "/", "openai_compatible", key="sk-skillopt-local")
     skillopt_settings.set_reasoning_effort("low")
     configure_skill_aware_reflection(True, "failure_only")
     data, results, skill = inputs(tmp_path, n_fail=2, n_succ=2)
-    patches = run_minibatch_reflect(
-        results,
-        skill,
-        str(data / "predictions"),
-        str(tmp_path / "patches"),
-        2,
-        False,
-        minibatch_size=2,
-        edit_budget=1,
-        random_seed=1,
-        overrides=NO_MLFLOW,
-    )
+    patches = run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 2, False,
+                                    minibatch_size=2, edit_budget=1, random_seed=1, overrides=NO_MLFLOW)
     assert {(r["model"], r["reasoning_effort"], r["max_completion_tokens"]) for r in server.requests} == {
-        ("so-model", "low", 16384)
-    }
+        ("so-model", "low", 16384)}
     assert set(server.authorizations) == {"Bearer sk-skillopt-local"}
-    failure, success = (
-        r["messages"][0]["content"]
-        for r in sorted(server.requests, key=lambda r: "## Failed Trajectories" not in r["messages"][1]["content"])
-    )
+    failure, success = (r["messages"][0]["content"] for r in sorted(
+        server.requests, key=lambda r: "## Failed Trajectories" not in r["messages"][1]["content"]))
     assert "## Skill-Aware Reflection" in failure and "## Skill-Aware Reflection" not in success  # failure_only
     assert [p["appendix_notes"] for p in patches if p["source_type"] == "failure"] == [
-        ["Follow the verification rule.", "Check units."]
-    ]
+        ["Follow the verification rule.", "Check units."]]
     summary = skillopt_settings.get_token_summary()  # the trainer's totals hold reflact's calls
     assert summary["analyst"] == {"calls": 2, "prompt_tokens": 200, "completion_tokens": 100, "total_tokens": 300}
     assert not (tmp_path / "outputs").exists() and (tmp_path / "patches.reflact" / "outputs" / "cache.db").exists()
@@ -241,9 +189,8 @@ def test_skillopts_openai_compatible_settings_model_key_effort_and_skill_aware_s
 def test_skillopts_azure_key_settings_reach_the_azure_deployment(tmp_path, server, skillopt_settings):
     configure(skillopt_settings, server.base_url.removesuffix("/v1"), "api_key", key="azure-key-123", deployment="dep1")
     data, results, skill = inputs(tmp_path, n_fail=1, n_succ=0)
-    run_minibatch_reflect(
-        results, skill, str(data / "predictions"), str(tmp_path / "patches"), 1, True, overrides=NO_MLFLOW
-    )
+    run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 1, True,
+                          overrides=NO_MLFLOW)
     assert [r["model"] for r in server.requests] == ["dep1"]
     assert server.authorizations == [None]  # Azure sends its key as api-key, never as a bearer token
 
@@ -259,24 +206,15 @@ def test_skillopts_token_auth_is_refused_in_one_line_before_any_call(tmp_path, s
 
 
 def test_openai_base_url_and_an_explicit_argument_still_win_over_skillopts_settings(
-    tmp_path, server, skillopt_settings, monkeypatch
-):
+        tmp_path, server, skillopt_settings, monkeypatch):
     from skillopt.optimizer.skill_aware import configure_skill_aware_reflection
 
     configure(skillopt_settings, "http://127.0.0.1:9/v1", "openai_compatible")  # nothing listens there
     configure_skill_aware_reflection(True)
     monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
     data, results, skill = inputs(tmp_path, n_fail=1, n_succ=0)
-    run_minibatch_reflect(
-        results,
-        skill,
-        str(data / "predictions"),
-        str(tmp_path / "patches"),
-        1,
-        True,
-        skill_aware_reflection=False,
-        overrides=NO_MLFLOW,
-    )
+    run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 1, True,
+                          skill_aware_reflection=False, overrides=NO_MLFLOW)
     assert server.count == 1 and server.requests[0]["model"] == "so-model"
     assert "## Skill-Aware Reflection" not in server.requests[0]["messages"][0]["content"]
 
@@ -290,23 +228,10 @@ def test_skillopts_appendix_source_decides_the_success_prompt(tmp_path, server, 
     configure(skillopt_settings, server.base_url + "/", "openai_compatible", key="sk-skillopt-local")
     configure_skill_aware_reflection(True, source)
     data, results, skill = inputs(tmp_path, n_fail=2, n_succ=2)
-    run_minibatch_reflect(
-        results,
-        skill,
-        str(data / "predictions"),
-        str(tmp_path / "patches"),
-        2,
-        False,
-        minibatch_size=2,
-        edit_budget=1,
-        random_seed=1,
-        overrides=NO_MLFLOW,
-    )
-    [success] = [
-        r["messages"][0]["content"]
-        for r in server.requests
-        if "## Failed Trajectories" not in r["messages"][1]["content"]
-    ]
+    run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 2, False,
+                          minibatch_size=2, edit_budget=1, random_seed=1, overrides=NO_MLFLOW)
+    [success] = [r["messages"][0]["content"] for r in server.requests
+                 if "## Failed Trajectories" not in r["messages"][1]["content"]]
     plain = (PROJECT / "prompts" / "analyst_success.md").read_text(encoding="utf-8").strip()
     assert (success.strip() != plain) is (source == "both")
 
@@ -314,14 +239,6 @@ def test_skillopts_appendix_source_decides_the_success_prompt(tmp_path, server, 
 def test_an_unknown_appendix_source_is_one_clear_error(tmp_path, server):
     data, results, skill = inputs(tmp_path, n_fail=1, n_succ=1)
     with pytest.raises(UserError, match="skill_aware_appendix_source: 'neither' is not one of both, failure_only"):
-        run_minibatch_reflect(
-            results,
-            skill,
-            str(data / "predictions"),
-            str(tmp_path / "patches"),
-            1,
-            False,
-            skill_aware_reflection=True,
-            skill_aware_appendix_source="neither",
-            overrides=[*NO_MLFLOW, f"optimizer.base_url={server.base_url}", "optimizer.model=t"],
-        )
+        run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 1, False,
+                              skill_aware_reflection=True, skill_aware_appendix_source="neither",
+                              overrides=[*NO_MLFLOW, f"optimizer.base_url={server.base_url}", "optimizer.model=t"])

@@ -61,31 +61,14 @@ def trainer_config(out_root: Path, server: OptimizerServer, mode: str) -> dict:
     skill = out_root.parent / "skill_init.md"
     skill.write_text(replay.SKILL)
     return {
-        "out_root": str(out_root),
-        "skill_init": str(skill),
-        "env": "replay",
-        "optimizer_azure_openai_endpoint": server.base_url,
-        "optimizer_azure_openai_auth_mode": "openai_compatible",
-        "optimizer_azure_openai_api_key": "sk-local-test",
-        "optimizer_model": "skillopt-test-model",
-        "target_model": "unused",
-        "reasoning_effort": "medium",
-        "batch_size": 6,
-        "num_epochs": 1,
-        "accumulation": 1,
-        "seed": 7,
-        "train_size": 12,
-        "merge_batch_size": 2,
-        "edit_budget": 3,
-        "min_edit_budget": 2,
-        "sel_env_num": 4,
-        "analyst_workers": 1,
-        "skill_update_mode": mode,
-        "use_skill_aware_reflection": True,
-        "skill_aware_appendix_source": "both",
-        "rewrite_reasoning_effort": "high",
-        "eval_test": False,
-        "use_gate": True,
+        "out_root": str(out_root), "skill_init": str(skill), "env": "replay",
+        "optimizer_azure_openai_endpoint": server.base_url, "optimizer_azure_openai_auth_mode": "openai_compatible",
+        "optimizer_azure_openai_api_key": "sk-local-test", "optimizer_model": "skillopt-test-model",
+        "target_model": "unused", "reasoning_effort": "medium",
+        "batch_size": 6, "num_epochs": 1, "accumulation": 1, "seed": 7, "train_size": 12,
+        "merge_batch_size": 2, "edit_budget": 3, "min_edit_budget": 2, "sel_env_num": 4, "analyst_workers": 1,
+        "skill_update_mode": mode, "use_skill_aware_reflection": True, "skill_aware_appendix_source": "both",
+        "rewrite_reasoning_effort": "high", "eval_test": False, "use_gate": True,
     }
 
 
@@ -94,16 +77,10 @@ def skillopt_process(monkeypatch, tmp_path):
     """SkillOpt's process-wide settings put back after the test; its prompts are our stand-ins."""
     for name in [n for n in os.environ if n.startswith(("OPENAI_", "AZURE_OPENAI", "OPTIMIZER_", "TARGET_"))]:
         monkeypatch.delenv(name)
-    for name in (
-        "OPTIMIZER_AZURE_OPENAI_ENDPOINT",
-        "OPTIMIZER_AZURE_OPENAI_API_KEY",
-        "OPTIMIZER_AZURE_OPENAI_AUTH_MODE",
-        "OPTIMIZER_AZURE_OPENAI_API_VERSION",
-        "OPTIMIZER_DEPLOYMENT",
-        "TARGET_DEPLOYMENT",
-        "AZURE_OPENAI_DEPLOYMENT",
-        "REFLACT_CODEX_TRACE_TO_OPTIMIZER",
-    ):
+    for name in ("OPTIMIZER_AZURE_OPENAI_ENDPOINT", "OPTIMIZER_AZURE_OPENAI_API_KEY",
+                 "OPTIMIZER_AZURE_OPENAI_AUTH_MODE",
+                 "OPTIMIZER_AZURE_OPENAI_API_VERSION", "OPTIMIZER_DEPLOYMENT", "TARGET_DEPLOYMENT",
+                 "AZURE_OPENAI_DEPLOYMENT", "REFLACT_CODEX_TRACE_TO_OPTIMIZER"):
         monkeypatch.setenv(name, "")  # the trainer writes these; monkeypatch removes them afterwards
         monkeypatch.delenv(name)
     for attr in [a for a in vars(skillopt_openai) if a.isupper() or a.startswith("_optimizer")]:
@@ -172,13 +149,9 @@ def test_skillopts_trainer_runs_the_same_with_reflact_installed(skillopt_process
     for name in their_files:
         assert our_files[name] == their_files[name], name
     # an item that kept its support through the merge: 1 from SkillOpt's reflect, its minibatch's from reflact's
-    pairs = [
-        (o, t)
-        for ours_step, their_step in zip(
-            support_counts(skillopt_process / "reflact"), support_counts(skillopt_process / "skillopt"), strict=True
-        )
-        for o, t in zip(ours_step, their_step, strict=True)
-    ]
+    pairs = [(o, t) for ours_step, their_step in zip(support_counts(skillopt_process / "reflact"),
+                                                    support_counts(skillopt_process / "skillopt"), strict=True)
+             for o, t in zip(ours_step, their_step, strict=True)]
     assert all(o == t == 0 or (t == 1 and 1 <= o <= ReplayAdapter.minibatch_size) for o, t in pairs)
     assert mode == "full_rewrite_minibatch" or any(o > 1 for o, _ in pairs)
     if mode == "patch":  # the update appended the edit whose target was missing
@@ -194,11 +167,8 @@ def test_skillopts_trainer_runs_the_same_with_reflact_installed(skillopt_process
     assert ours_analyst and len(ours_analyst) == len(theirs_analyst)
     assert {(r["model"], r.get("reasoning_effort")) for r in ours_analyst} == {("skillopt-test-model", "medium")}
     assert {(r["model"], r.get("reasoning_effort")) for r in theirs_analyst} == {("skillopt-test-model", "medium")}
-    assert all(
-        "## Skill-Aware Reflection" in r["messages"][0]["content"]
-        for r in ours_analyst
-        if "ROLE analyst error" in r["messages"][0]["content"] and mode != "full_rewrite_minibatch"
-    )
+    assert all("## Skill-Aware Reflection" in r["messages"][0]["content"] for r in ours_analyst
+               if "ROLE analyst error" in r["messages"][0]["content"] and mode != "full_rewrite_minibatch")
 
     # the trainer's totals: the same calls; its tokens hold what the server reported for reflact's calls
     assert ours["_total"]["calls"] == theirs["_total"]["calls"] == len(our_requests)

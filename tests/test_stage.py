@@ -17,14 +17,8 @@ from tests.conftest import make_config, write_dataset
 
 def run_stage(tmp_path, server, dataset_dir, *overrides, run_dir=None):
     """The stage through the real client; the response cache is off unless a test turns it on."""
-    cfg = make_config(
-        f"data.dir={dataset_dir}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.retry.initial_wait_s=0.01",
-        "optimizer.cache=off",
-        *overrides,
-    )
+    cfg = make_config(f"data.dir={dataset_dir}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.retry.initial_wait_s=0.01", "optimizer.cache=off", *overrides)
     dataset = load_dataset(cfg.data)
     stage = Stage(cfg, dataset, make_client(cfg.optimizer, tmp_path, environ={}), run_dir or tmp_path / "run")
     return stage.run()
@@ -35,8 +29,7 @@ def test_one_call_per_minibatch_and_budget_cut(tmp_path, server):
     outcomes = run_stage(tmp_path, server, data, "reflect.minibatch_size=5", "reflect.edit_budget=2")
     assert server.count == math.ceil(23 / 5) + math.ceil(17 / 5)
     assert [o.tag for o in outcomes] == [f"minibatch_fail_{i:03d}" for i in range(5)] + [
-        f"minibatch_succ_{i:03d}" for i in range(4)
-    ]
+        f"minibatch_succ_{i:03d}" for i in range(4)]
     for o in outcomes:
         patch = json.loads((tmp_path / "run" / "patches" / f"{o.tag}.json").read_text())
         assert len(patch["patch"]["edits"]) == 2
@@ -63,9 +56,8 @@ def test_every_result_in_exactly_one_minibatch_and_seeded(tmp_path):
     assert all(r.hard == 0 for mb in plan if mb.group == "failure" for r in mb.results)
     again = plan_minibatches(results, cfg.reflect)
     assert [[r.id for r in mb.results] for mb in again] == [[r.id for r in mb.results] for mb in plan]
-    other = make_config(
-        f"data.dir={data}", "optimizer.base_url=http://127.0.0.1:9", "reflect.minibatch_size=4", "reflect.seed=7"
-    )
+    other = make_config(f"data.dir={data}", "optimizer.base_url=http://127.0.0.1:9", "reflect.minibatch_size=4",
+                        "reflect.seed=7")
     assert [r.id for mb in plan_minibatches(results, other.reflect) for r in mb.results] != ids
 
 
@@ -87,9 +79,8 @@ def test_order_on_disk_does_not_matter(tmp_path):
     plans = []
     for d in (a, b):
         cfg = make_config(f"data.dir={d}", "optimizer.base_url=http://127.0.0.1:9")
-        plans.append(
-            [[r.id for r in mb.results] for mb in plan_minibatches(load_dataset(cfg.data).results, cfg.reflect)]
-        )
+        plans.append([[r.id for r in mb.results]
+                      for mb in plan_minibatches(load_dataset(cfg.data).results, cfg.reflect)])
     assert plans[0] == plans[1]
 
 
@@ -103,12 +94,10 @@ def test_success_threshold_and_failure_only(tmp_path):
     base = [f"data.dir={data}", "optimizer.base_url=http://127.0.0.1:9", "reflect.minibatch_size=100"]
     results = load_dataset(make_config(*base).data).results
     assert [mb.group for mb in plan_minibatches(results, make_config(*base).reflect)] == ["failure", "success"]
-    assert [
-        len(mb.results) for mb in plan_minibatches(results, make_config(*base, "reflect.success_threshold=0.6").reflect)
-    ] == [8]
-    assert [mb.group for mb in plan_minibatches(results, make_config(*base, "reflect.failure_only=true").reflect)] == [
-        "failure"
-    ]
+    assert [len(mb.results)
+            for mb in plan_minibatches(results, make_config(*base, "reflect.success_threshold=0.6").reflect)] == [8]
+    assert [mb.group
+            for mb in plan_minibatches(results, make_config(*base, "reflect.failure_only=true").reflect)] == ["failure"]
 
 
 def test_resume_reuses_matching_patches_and_redoes_stale_ones(tmp_path, server):
@@ -189,15 +178,12 @@ def test_lapse_only_failure_reply_becomes_empty_patch_with_notes(tmp_path, serve
     assert o.status == "done" and patch["patch"]["edits"] == [] and patch["appendix_notes"] == ["Re-read rule 2."]
 
 
-@pytest.mark.parametrize(
-    "mode,key,kept",
-    [
-        ("rewrite", "revise_suggestions", 2),
-        ("suggestions", "revise_suggestions", 2),
-        ("full_rewrite", "skill_candidates", 1),
-        ("edits", "edits", 2),
-    ],
-)
+@pytest.mark.parametrize("mode,key,kept", [
+    ("rewrite", "revise_suggestions", 2),
+    ("suggestions", "revise_suggestions", 2),
+    ("full_rewrite", "skill_candidates", 1),
+    ("edits", "edits", 2),
+])
 def test_modes_and_aliases(tmp_path, server, mode, key, kept):
     data = write_dataset(tmp_path / "d", n_fail=3, n_succ=0)
     [o] = run_stage(tmp_path, server, data, f"reflect.update_mode={mode}", "reflect.edit_budget=2")
@@ -207,14 +193,8 @@ def test_modes_and_aliases(tmp_path, server, mode, key, kept):
 
 def test_full_rewrite_gets_the_larger_token_allowance(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=1, n_succ=0)
-    run_stage(
-        tmp_path,
-        server,
-        data,
-        "reflect.update_mode=full_rewrite",
-        "optimizer.max_output_tokens=100",
-        "optimizer.max_output_tokens_full_rewrite=5000",
-    )
+    run_stage(tmp_path, server, data, "reflect.update_mode=full_rewrite",
+              "optimizer.max_output_tokens=100", "optimizer.max_output_tokens_full_rewrite=5000")
     run_stage(tmp_path, server, data, "optimizer.max_output_tokens=100", run_dir=tmp_path / "run2")
     assert [r["max_completion_tokens"] for r in server.requests] == [5000, 100]
 
@@ -222,15 +202,8 @@ def test_full_rewrite_gets_the_larger_token_allowance(tmp_path, server):
 def test_optional_decoding_parameters_are_sent_only_when_set(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=1, n_succ=0)
     run_stage(tmp_path, server, data)
-    run_stage(
-        tmp_path,
-        server,
-        data,
-        "optimizer.temperature=0.3",
-        "optimizer.reasoning_effort=low",
-        "optimizer.token_limit_param=max_tokens",
-        run_dir=tmp_path / "run2",
-    )
+    run_stage(tmp_path, server, data, "optimizer.temperature=0.3", "optimizer.reasoning_effort=low",
+              "optimizer.token_limit_param=max_tokens", run_dir=tmp_path / "run2")
     plain, tuned = server.requests
     assert "temperature" not in plain and "reasoning_effort" not in plain
     assert tuned["temperature"] == 0.3 and tuned["reasoning_effort"] == "low" and "max_tokens" in tuned
@@ -239,13 +212,11 @@ def test_optional_decoding_parameters_are_sent_only_when_set(tmp_path, server):
 def test_results_return_in_deterministic_order_whatever_finishes_first(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=12, n_succ=12)
     # earlier minibatches answer slower, so calls finish in reverse order
-    server.script = lambda r, n: Response(
-        body=chat_body(json.dumps(default_reply(r))), delay_s=max(0.0, 0.3 - 0.05 * n)
-    )
+    server.script = lambda r, n: Response(body=chat_body(json.dumps(default_reply(r))),
+                                          delay_s=max(0.0, 0.3 - 0.05 * n))
     outcomes = run_stage(tmp_path, server, data, "reflect.minibatch_size=4", "reflect.workers=6")
     assert [o.tag for o in outcomes] == [f"minibatch_fail_{i:03d}" for i in range(3)] + [
-        f"minibatch_succ_{i:03d}" for i in range(3)
-    ]
+        f"minibatch_succ_{i:03d}" for i in range(3)]
 
 
 def test_the_client_is_made_on_the_launching_thread_before_a_second_prompt(tmp_path, server):
@@ -257,14 +228,8 @@ def test_the_client_is_made_on_the_launching_thread_before_a_second_prompt(tmp_p
     from reflact.calls.deferred import Deferred
 
     data = write_dataset(tmp_path / "d", n_fail=12, n_succ=0)
-    cfg = make_config(
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.cache=off",
-        "reflect.minibatch_size=2",
-        "reflect.workers=4",
-    )
+    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.cache=off", "reflect.minibatch_size=2", "reflect.workers=4")
     made = []
 
     def make():

@@ -32,20 +32,8 @@ GRID = {(m, budget) for m in MS for budget in LS}
 SWEEP_ARGS = ("-m", "+exp=demo", "reflect.minibatch_size=2,4,8", "reflect.edit_budget=1,2,4")
 EXPERIMENT = "reflact-demo"
 SWEEP_ID = "outputs/sweeps/demo"  # hydra.sweep.dir of +exp=demo, relative to the launch dir
-CHILD_METRICS = (
-    "M",
-    "L",
-    "seed",
-    "mode",
-    "edits_kept",
-    "edits_proposed",
-    "edits_truncated",
-    "reasks",
-    "tokens_prompt",
-    "cost_usd",
-    "wall_time_s",
-    "calls",
-)
+CHILD_METRICS = ("M", "L", "seed", "mode", "edits_kept", "edits_proposed", "edits_truncated", "reasks",
+                 "tokens_prompt", "cost_usd", "wall_time_s", "calls")
 REPORT_FILES = ("grid.md", "grid.csv", "grid_patch.png")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -54,21 +42,15 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # helpers
 
 
+
 # the test model priced, so that every child has its cost (an unpriced model's cost is unknown, not logged)
 PRICED_TEST = "+optimizer.prices.test={input:1,cached_input:0.1,output:4}"
 
 
 def sweep(server: OptimizerServer, launch: Path, *extra: str):
     # nine jobs one after another, beside three other test workers on two cores: minutes
-    return run_cli(
-        *SWEEP_ARGS,
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        PRICED_TEST,
-        *extra,
-        cwd=launch,
-        timeout=900,
-    )
+    return run_cli(*SWEEP_ARGS, f"optimizer.base_url={server.base_url}", "optimizer.model=test", PRICED_TEST, *extra,
+                   cwd=launch, timeout=900)
 
 
 def sqlite_uri(launch: Path) -> str:
@@ -138,6 +120,7 @@ def one_dir_each(jobs: dict[tuple[int, int], list[Path]]) -> dict[tuple[int, int
     doubled = {cell: [d.name for d in dirs] for cell, dirs in jobs.items() if len(dirs) != 1}
     assert not doubled, f"more than one job dir per cell: {doubled}"
     return {cell: dirs[0] for cell, dirs in jobs.items()}
+
 
 
 def all_patch_bytes(launch: Path) -> dict[str, bytes]:
@@ -210,10 +193,8 @@ def sweeps(tmp_path_factory, migrated_store):
             "summaries": {cell: summary_of(dirs[0]) for cell, dirs in found.items() if len(dirs) == 1},
             "mlflow": mlflow_state(uri, root / "download" / name),
         }
-        print(
-            f"sweep step {name}: exit {proc.returncode}, {steps[name]['new_requests']} new requests, "
-            f"{steps[name]['seconds']:.1f} s"
-        )
+        print(f"sweep step {name}: exit {proc.returncode}, {steps[name]['new_requests']} new requests, "
+              f"{steps[name]['seconds']:.1f} s")
 
     with OptimizerServer() as server:
         step("first")
@@ -233,38 +214,18 @@ def sweeps(tmp_path_factory, migrated_store):
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     report_out = root / "report"
     report_cli = [sys.executable, "-m", "reflact.report"]
-    known = subprocess.Popen(
-        [*report_cli, SWEEP_ID, "--tracking-uri", uri, "--out", str(report_out)],
-        cwd=launch,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    unknown = subprocess.Popen(
-        [*report_cli, "outputs/sweeps/nope", "--tracking-uri", uri, "--out", str(root / "report_nope")],
-        cwd=launch,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    known = subprocess.Popen([*report_cli, SWEEP_ID, "--tracking-uri", uri, "--out", str(report_out)],
+                             cwd=launch, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    unknown = subprocess.Popen([*report_cli, "outputs/sweeps/nope", "--tracking-uri", uri,
+                                "--out", str(root / "report_nope")],
+                               cwd=launch, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     report = {"known": known, "unknown": unknown}
     for name, proc in report.items():
         stdout, stderr = proc.communicate(timeout=120)
         report[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
-    yield {
-        "launch": launch,
-        "uri": uri,
-        "steps": steps,
-        "jobs": jobs,
-        "deleted": deleted,
-        "report": report["known"],
-        "report_out": report_out,
-        "unknown": report["unknown"],
-        "root": root,
-    }
+    yield {"launch": launch, "uri": uri, "steps": steps, "jobs": jobs, "deleted": deleted,
+           "report": report["known"], "report_out": report_out, "unknown": report["unknown"], "root": root}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,9 +259,8 @@ def test_requests_match_the_children_calls(sweeps):
     assert first["new_requests"] > 0
     assert first["new_requests"] == sum(c["metrics"]["calls"] for c in children)
     # each cell asked with its own budget
-    budgets = sorted(
-        int(re.search(r"at most L=(\d+)", r["messages"][1]["content"]).group(1)) for r in first["requests"]
-    )
+    budgets = sorted(int(re.search(r"at most L=(\d+)", r["messages"][1]["content"]).group(1))
+                     for r in first["requests"])
     expected = sorted(int(c["metrics"]["L"]) for c in children for _ in range(int(c["metrics"]["calls"])))
     assert budgets == expected
 
@@ -327,9 +287,8 @@ def test_each_job_has_its_own_dir_with_patches(sweeps):
         assert len(patches) == children[(m, budget)]["metrics"]["minibatches"]
         assert Path(children[(m, budget)]["tags"]["reflact.run_dir"]).resolve() == run_dir.resolve()
         # the child's artifacts hold the same patches
-        assert sweeps["steps"]["first"]["mlflow"]["child_patches"][(m, budget)] == {
-            f"patches/{p.name}" for p in patches
-        }
+        assert (sweeps["steps"]["first"]["mlflow"]["child_patches"][(m, budget)]
+                == {f"patches/{p.name}" for p in patches})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,9 +416,8 @@ def test_joblib_sweep_against_a_tracking_server(tmp_path, migrated_store, sweeps
         launch.mkdir()
         with OptimizerServer() as server:
             started = time.monotonic()
-            run = sweep(
-                server, launch, "hydra/launcher=joblib", "hydra.launcher.n_jobs=3", f"mlflow.tracking_uri={url}"
-            )
+            run = sweep(server, launch, "hydra/launcher=joblib", "hydra.launcher.n_jobs=3",
+                        f"mlflow.tracking_uri={url}")
             requests = server.count
             print(f"joblib sweep: exit {run.returncode}, {requests} requests, {time.monotonic() - started:.1f} s")
         ok(run)
@@ -532,24 +490,14 @@ def test_demo_grid_preset_composes_a_sweep_over_m_l_and_seed():
 def refuse_budget(budget: int):
     """A server script refusing every request of the job with L=budget (404, never retried with
     optimizer.retry.max_attempts=1): that job's run ends FAILED, the others are answered."""
-    return lambda request, n: (
-        Response(status=404, body={}) if f"at most L={budget}" in request["messages"][1]["content"] else None
-    )
+    return lambda request, n: Response(status=404, body={}) if f"at most L={budget}" in request["messages"][1][
+        "content"] else None
 
 
 def failing_sweep(server: OptimizerServer, launch: Path, data: Path, *extra: str):
-    return run_cli(
-        "-m",
-        f"data.dir={data}",
-        "optimizer=compatible",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.retry.max_attempts=1",
-        "reflect.minibatch_size=2",
-        "name=partial",
-        *extra,
-        cwd=launch,
-    )
+    return run_cli("-m", f"data.dir={data}", "optimizer=compatible", f"optimizer.base_url={server.base_url}",
+                   "optimizer.model=test", "optimizer.retry.max_attempts=1", "reflect.minibatch_size=2",
+                   "name=partial", *extra, cwd=launch)
 
 
 def partial_state(launch: Path) -> tuple[list, dict]:
@@ -559,11 +507,8 @@ def partial_state(launch: Path) -> tuple[list, dict]:
     client = MlflowClient(tracking_uri=sqlite_uri(launch))
     runs = client.search_runs([client.get_experiment_by_name("reflact").experiment_id])
     parents = [r for r in runs if r.data.tags.get("reflact.sweep_parent") == "true"]
-    children = {
-        int(r.data.params["reflect.edit_budget"]): r.info.status
-        for r in runs
-        if r.data.tags.get("reflact.sweep_parent") != "true"
-    }
+    children = {int(r.data.params["reflect.edit_budget"]): r.info.status for r in runs
+                if r.data.tags.get("reflact.sweep_parent") != "true"}
     return parents, children
 
 
@@ -581,14 +526,8 @@ def test_a_failed_job_lets_the_others_run_and_a_fixed_rerun_resumes(tmp_path, la
     data = write_dataset(tmp_path / "data", n_fail=3, n_succ=1)
     budgets = ("reflect.edit_budget=1,2,3,4",)
     with OptimizerServer(script=refuse_budget(1)) as server:
-        failed = failing_sweep(
-            server,
-            launch_dir,
-            data,
-            *budgets,
-            "optimizer.api_key_env=KEY_A",
-            "+optimizer.prices.test={input:1,output:2}",
-        )
+        failed = failing_sweep(server, launch_dir, data, *budgets, "optimizer.api_key_env=KEY_A",
+                               "+optimizer.prices.test={input:1,output:2}")
     assert failed.returncode == 1, failed.stderr[-3000:]
     assert "Traceback" not in failed.stderr
     line = the_one_line(failed.stderr)
@@ -606,14 +545,8 @@ def test_a_failed_job_lets_the_others_run_and_a_fixed_rerun_resumes(tmp_path, la
     dirs = sorted(p.name for p in sweep_dir.iterdir() if (p / "summary.json").is_file())
 
     with OptimizerServer() as server:
-        rerun = failing_sweep(
-            server,
-            launch_dir,
-            data,
-            *budgets,
-            "optimizer.api_key_env=KEY_B",
-            "+optimizer.prices.test={input:3,output:4}",
-        )
+        rerun = failing_sweep(server, launch_dir, data, *budgets, "optimizer.api_key_env=KEY_B",
+                              "+optimizer.prices.test={input:3,output:4}")
         calls = server.requests
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert sorted(p.name for p in sweep_dir.iterdir() if (p / "summary.json").is_file()) == dirs
@@ -629,15 +562,8 @@ def test_joblib_sweep_records_failed_runs_and_mistakes_and_runs_the_rest(tmp_pat
     and the L=3 job's run fails; the one good job still finishes and the line names the other three."""
     data = write_dataset(tmp_path / "data", n_fail=3, n_succ=1)
     with OptimizerServer(script=refuse_budget(3)) as server:
-        done = failing_sweep(
-            server,
-            launch_dir,
-            data,
-            "reflect.minibatch_size=0,2",
-            "reflect.edit_budget=1,3",
-            "hydra/launcher=joblib",
-            "hydra.launcher.n_jobs=2",
-        )
+        done = failing_sweep(server, launch_dir, data, "reflect.minibatch_size=0,2", "reflect.edit_budget=1,3",
+                             "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     line = the_one_line(done.stderr)
@@ -664,22 +590,10 @@ def composed(*overrides: str):
         return compose(config_name="config", overrides=["+exp=demo", *overrides], return_hydra_config=True)
 
 
-NEUTRAL = (
-    "optimizer.api_key_env=OTHER_KEY",
-    "optimizer.prices.gpt-5.input=9",
-    "+optimizer.prices.test={input:1}",
-    "optimizer.timeout_s=5",
-    "optimizer.retry.max_attempts=1",
-    "optimizer.rpm=10",
-    "optimizer.tpm=1000",
-    "optimizer.base_url=http://127.0.0.1:9/v1",
-    "optimizer.max_cost_usd=1",
-    "optimizer.cache=off",
-    "reflect.workers=2",
-    "mlflow.trace_calls=false",
-    "analysis.max_items=5",
-    "analysis.match_threshold=0.5",
-)
+NEUTRAL = ("optimizer.api_key_env=OTHER_KEY", "optimizer.prices.gpt-5.input=9", "+optimizer.prices.test={input:1}",
+           "optimizer.timeout_s=5", "optimizer.retry.max_attempts=1", "optimizer.rpm=10", "optimizer.tpm=1000",
+           "optimizer.base_url=http://127.0.0.1:9/v1", "optimizer.max_cost_usd=1", "optimizer.cache=off",
+           "reflect.workers=2", "mlflow.trace_calls=false", "analysis.max_items=5", "analysis.match_threshold=0.5")
 
 
 @pytest.mark.parametrize("override", NEUTRAL)
@@ -697,15 +611,10 @@ def test_a_setting_that_cannot_change_results_resumes_the_sweep(tmp_path, overri
     assert fingerprint(_typed(changed), messages) == fingerprint(_typed(base), messages)
 
 
-@pytest.mark.parametrize(
-    "override, key",
-    [
-        ("optimizer.temperature=1", "optimizer.temperature"),
-        ("optimizer.max_output_tokens=100", "optimizer.max_output_tokens"),
-        ("reflect.failure_only=true", "reflect.failure_only"),
-        ("optimizer.model=other", "optimizer.model"),
-    ],
-)
+@pytest.mark.parametrize("override, key", [("optimizer.temperature=1", "optimizer.temperature"),
+                                           ("optimizer.max_output_tokens=100", "optimizer.max_output_tokens"),
+                                           ("reflect.failure_only=true", "reflect.failure_only"),
+                                           ("optimizer.model=other", "optimizer.model")])
 def test_a_setting_that_changes_results_still_refuses_naming_the_key(tmp_path, override, key):
     from reflact.errors import UserError
     from reflact.sweeps.sweep import check_identity, sweep_settings
@@ -723,8 +632,7 @@ def test_a_sweep_dir_made_before_keeps_no_unchanging_setting_against_a_rerun(tmp
 
     sweep = SweepDir(tmp_path)
     fixed, swept = sweep_settings(composed())
-    sweep.write_identity(
-        {"fixed": {**fixed, "optimizer.api_key_env": "OLD", "optimizer.prices.gpt-5.input": "1.0"}, "swept": swept}
-    )
+    sweep.write_identity({"fixed": {**fixed, "optimizer.api_key_env": "OLD", "optimizer.prices.gpt-5.input": "1.0"},
+                          "swept": swept})
     check_identity(sweep, fixed, swept)
     assert "optimizer.api_key_env" not in sweep.identity()["fixed"]

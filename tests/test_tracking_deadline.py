@@ -152,18 +152,9 @@ def test_the_tracker_process_starts_with_the_run_and_its_command_line_names_no_s
     data = write_dataset(tmp_path / "data", n_fail=2, n_succ=0)
     with FailingTracking("refuse") as tracking:
         uri = tracking.uri
-        done = reflact.reflect(
-            data,
-            overrides=[
-                "optimizer=compatible",
-                f"optimizer.base_url={server.base_url}",
-                "optimizer.model=test",
-                f"mlflow.tracking_uri={uri}",
-                "mlflow.deadline_s=1",
-            ],
-            run_dir=tmp_path / "run",
-            launch_dir=tmp_path,
-        )
+        done = reflact.reflect(data, overrides=["optimizer=compatible", f"optimizer.base_url={server.base_url}",
+                                                "optimizer.model=test", f"mlflow.tracking_uri={uri}",
+                                                "mlflow.deadline_s=1"], run_dir=tmp_path / "run", launch_dir=tmp_path)
     assert done.status == "FINISHED"
     assert [args[-1] for args in started] == ["reflact.tracking.worker"]
     assert not [arg for arg in started[0] if "http" in arg or uri.split("//")[1] in arg]
@@ -190,9 +181,8 @@ def _reflect_with(spare, data: Path, run_dir: Path, launch_dir: Path, *overrides
     from reflact.api import compose, run
     from reflact.experiment import Launch
 
-    cfg = compose(
-        [f"data.dir={data}", "optimizer=compatible", "optimizer.model=test", "reflect.minibatch_size=1", *overrides]
-    )
+    cfg = compose([f"data.dir={data}", "optimizer=compatible", "optimizer.model=test", "reflect.minibatch_size=1",
+                   *overrides])
     return run(cfg, {}, run_dir, Launch(launch_dir, tracker=spare))
 
 
@@ -282,14 +272,8 @@ def test_the_command_line_leaves_no_tracker_process_behind(tmp_path, server, how
     whose last job leave one idle."""
     mark = f"reflact-test-{uuid.uuid4().hex}"
     data = write_dataset(tmp_path / "data", n_fail=2, n_succ=0)
-    args = [
-        f"data.dir={data}",
-        "optimizer=compatible",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        f"hydra.run.dir={tmp_path / 'run'}",
-        *how,
-    ]
+    args = [f"data.dir={data}", "optimizer=compatible", f"optimizer.base_url={server.base_url}",
+            "optimizer.model=test", f"hydra.run.dir={tmp_path / 'run'}", *how]
     done = run_cli(*args, cwd=tmp_path, env={"REFLACT_TEST_MARK": mark})
     assert done.returncode in (0, 2), done.stderr[-3000:]
     assert "Traceback" not in done.stderr
@@ -319,9 +303,8 @@ main()
 def test_the_command_line_starts_its_tracker_before_it_imports_hydra(tmp_path, how):
     """The tracker imports mlflow (seconds of CPU) beside the run's whole start: the command line
     starts it before it imports Hydra or reflact's config (~0.3 s); a request for help starts none."""
-    done = subprocess.run(
-        [sys.executable, "-c", _SPAWN_PROBE, *how], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
+    done = subprocess.run([sys.executable, "-c", _SPAWN_PROBE, *how], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     spawned = [line for line in done.stdout.splitlines() if line.startswith("spawned after")]
     assert spawned == ([] if "--help" in how else ["spawned after []"])

@@ -62,28 +62,15 @@ def postgres(tmp_path):
         os.chown(root, user.pw_uid, user.pw_gid)
     port = free_port()
     try:
-        subprocess.run(
-            as_postgres_user(["initdb", "-D", str(root / "data"), "-U", "reflact", "--auth=trust"]),
-            check=True,
-            capture_output=True,
-            cwd=root,
-        )
+        subprocess.run(as_postgres_user(["initdb", "-D", str(root / "data"), "-U", "reflact", "--auth=trust"]),
+                       check=True, capture_output=True, cwd=root)
         options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1"
-        subprocess.run(
-            as_postgres_user(
-                ["pg_ctl", "-D", str(root / "data"), "-o", options, "-l", str(root / "log"), "-w", "start"]
-            ),
-            check=True,
-            capture_output=True,
-            cwd=root,
-        )
+        subprocess.run(as_postgres_user(["pg_ctl", "-D", str(root / "data"), "-o", options, "-l",
+                                         str(root / "log"), "-w", "start"]), check=True, capture_output=True, cwd=root)
         yield f"postgresql+psycopg2://reflact@127.0.0.1:{port}/postgres"
     finally:
-        subprocess.run(
-            as_postgres_user(["pg_ctl", "-D", str(root / "data"), "-m", "immediate", "stop"]),
-            capture_output=True,
-            cwd=root,
-        )
+        subprocess.run(as_postgres_user(["pg_ctl", "-D", str(root / "data"), "-m", "immediate", "stop"]),
+                       capture_output=True, cwd=root)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -91,23 +78,9 @@ def mlflow_server(backend: str, artifacts: Path, port: int, log: Path) -> subpro
     """`mlflow server` on `port`, once /health answers."""
     mlflow_bin = Path(sys.executable).parent / "mlflow"
     proc = subprocess.Popen(
-        [
-            str(mlflow_bin),
-            "server",
-            "--backend-store-uri",
-            backend,
-            "--artifacts-destination",
-            str(artifacts),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        stdout=open(log, "ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # noqa: SIM115
+        [str(mlflow_bin), "server", "--backend-store-uri", backend, "--artifacts-destination", str(artifacts),
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
         env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
     )
     deadline = time.monotonic() + 180
@@ -154,27 +127,12 @@ def test_a_sweep_survives_its_tracking_server_restarted_mid_sweep(tmp_path, post
     try:
         with OptimizerServer(script=slow) as optimizer:
             sweep = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "reflact.run",
-                    "-m",
-                    f"data.dir={data}",
-                    f"optimizer.base_url={optimizer.base_url}",
-                    "optimizer.model=test",
-                    "reflect.minibatch_size=2",
-                    "reflect.workers=1",
-                    "reflect.edit_budget=1,2,3,4",
-                    "hydra/launcher=joblib",
-                    "hydra.launcher.n_jobs=2",
-                    f"mlflow.tracking_uri={uri}",
-                    "mlflow.deadline_s=180",
-                    f"hydra.sweep.dir={tmp_path / 'sweep'}",
-                ],
-                cwd=launch,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
+                [sys.executable, "-m", "reflact.run", "-m", f"data.dir={data}",
+                 f"optimizer.base_url={optimizer.base_url}",
+                 "optimizer.model=test", "reflect.minibatch_size=2", "reflect.workers=1", "reflect.edit_budget=1,2,3,4",
+                 "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"mlflow.tracking_uri={uri}",
+                 "mlflow.deadline_s=180", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                cwd=launch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                 env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
             )
             _wait(lambda: any(r.info.status == "RUNNING" for r in child_runs(uri)[1]), "a job's run RUNNING")
@@ -211,7 +169,8 @@ def _assert_traces_of(client, children: list, sweep_dir: Path) -> None:
     for child in children:
         run_dir = Path(child.data.tags["reflact.run_dir"])
         assert sweep_dir in run_dir.parents
-        traces = client.search_traces(locations=[child.info.experiment_id], run_id=child.info.run_id, max_results=200)
+        traces = client.search_traces(locations=[child.info.experiment_id], run_id=child.info.run_id,
+                                      max_results=200)
         keys = [(t.info.tags["reflact.minibatch"], t.info.tags["reflact.request"]) for t in traces]
         assert len(keys) == len(set(keys)) == summary_of(run_dir)["counts"]["calls"]
 
@@ -226,3 +185,6 @@ def _wait(condition, what: str, timeout_s: float = 300) -> None:
             pass
         time.sleep(0.5)
     pytest.fail(f"timed out waiting for {what}")
+
+
+

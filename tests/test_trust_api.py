@@ -57,9 +57,8 @@ def test_a_meta_skill_with_interpolation_syntax_reaches_the_optimizer_and_the_sa
     monkeypatch.setenv("REFLACT_TEST_SECRET", SECRET)
     cfg = compose(settings_for(server, "mlflow.enabled=false", "optimizer.cache=off"))
     cfg.reflect.meta_skill, cfg.reflect.step_buffer = PLANTED, "buffer ${oc.env:REFLACT_TEST_SECRET}"
-    done = reflact.reflect(
-        write_dataset(tmp_path / "d", 3, 0), config=cfg, run_dir=tmp_path / "run", launch_dir=tmp_path
-    )
+    done = reflact.reflect(write_dataset(tmp_path / "d", 3, 0), config=cfg, run_dir=tmp_path / "run",
+                           launch_dir=tmp_path)
     assert done.status == "FINISHED" and server.count == 1
     assert PLANTED in sent_text(server) and "buffer ${oc.env:REFLACT_TEST_SECRET}" in sent_text(server)
     written = "".join(p.read_text() for p in (tmp_path / "run").rglob("*") if p.is_file() and p.suffix != ".lock")
@@ -75,17 +74,9 @@ def test_the_skillopt_entrys_meta_skill_and_step_buffer_are_data(tmp_path, serve
     monkeypatch.chdir(tmp_path)
     data = write_dataset(tmp_path / "data", n_fail=3, n_succ=0)
     results, skill, _ = python_inputs(data)
-    patches = run_minibatch_reflect(
-        results,
-        skill,
-        str(data / "predictions"),
-        str(tmp_path / "patches"),
-        2,
-        True,
-        meta_skill_context=PLANTED,
-        step_buffer_context="step ${oc.env:HOME}",
-        overrides=["mlflow.enabled=false"],
-    )
+    patches = run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 2, True,
+                                    meta_skill_context=PLANTED, step_buffer_context="step ${oc.env:HOME}",
+                                    overrides=["mlflow.enabled=false"])
     assert len(patches) == 1
     assert PLANTED in sent_text(server) and "step ${oc.env:HOME}" in sent_text(server)
     assert SECRET not in sent_text(server) and os.environ["HOME"] not in sent_text(server).replace(str(tmp_path), "")
@@ -93,9 +84,8 @@ def test_the_skillopt_entrys_meta_skill_and_step_buffer_are_data(tmp_path, serve
 
 def test_a_dataset_folder_whose_name_holds_interpolation_syntax_is_read(tmp_path, server):
     data = write_dataset(tmp_path / "data_${x}", 2, 1)
-    done = reflact.reflect(
-        data, overrides=settings_for(server, "mlflow.enabled=false"), run_dir=tmp_path / "r${y}", launch_dir=tmp_path
-    )
+    done = reflact.reflect(data, overrides=settings_for(server, "mlflow.enabled=false"), run_dir=tmp_path / "r${y}",
+                           launch_dir=tmp_path)
     assert done.status == "FINISHED" and done.run_dir == tmp_path / "r${y}"
     assert typed(OmegaConf.load(tmp_path / "r${y}" / ".hydra" / "config.yaml")).data.dir == str(data)
 
@@ -105,28 +95,16 @@ def test_conversation_keys_from_python_are_checked_before_anything_is_written(tm
     key = str(tmp_path / "escaped") if key == "ABSOLUTE" else key
     results = [{"id": "run_1", "hard": 0}]
     with pytest.raises(UserError, match="conversations"):
-        reflact.reflect(
-            results=results,
-            skill="s",
-            conversations={key: []},
-            run_dir=tmp_path / "runs" / "run",
-            overrides=settings_for(server),
-            launch_dir=tmp_path,
-        )
+        reflact.reflect(results=results, skill="s", conversations={key: []}, run_dir=tmp_path / "runs" / "run",
+                        overrides=settings_for(server), launch_dir=tmp_path)
     assert not (tmp_path / "escaped").exists()
     assert not (tmp_path / "runs").exists() and server.count == 0  # the run dir made for it went again
 
 
 def test_ids_from_python_meet_the_checks_ids_from_files_meet(tmp_path, server):
     with pytest.raises(UserError, match="unsafe id"):
-        reflact.reflect(
-            results=[{"id": "../x", "hard": 0}],
-            skill="s",
-            conversations={"ok": []},
-            overrides=settings_for(server),
-            run_dir=tmp_path / "run",
-            launch_dir=tmp_path,
-        )
+        reflact.reflect(results=[{"id": "../x", "hard": 0}], skill="s", conversations={"ok": []},
+                        overrides=settings_for(server), run_dir=tmp_path / "run", launch_dir=tmp_path)
     assert not (tmp_path / "x").exists() and not (tmp_path / "run").exists() and server.count == 0
 
 
@@ -145,21 +123,18 @@ def mistakes(tmp_path: Path, server):
     numpy_scores = [{**r, "hard": np.float32(r["hard"])} for r in results]
     call = lambda **kw: lambda: reflact.reflect(launch_dir=tmp_path, **kw)  # noqa: E731
     return {
-        "bytes skill": call(
-            results=results, skill=skill.encode(), conversations=conversations, overrides=settings_for(server)
-        ),
-        "numpy score": call(
-            results=numpy_scores, skill=skill, conversations=conversations, overrides=settings_for(server)
-        ),
+        "bytes skill": call(results=results, skill=skill.encode(), conversations=conversations,
+                            overrides=settings_for(server)),
+        "numpy score": call(results=numpy_scores, skill=skill, conversations=conversations,
+                            overrides=settings_for(server)),
         "workers None": call(data=data, config=no_workers),
         "run_dir a file": call(data=data, run_dir=a_file, overrides=settings_for(server)),
         "run_dir inside a file": call(data=data, run_dir=a_file / "run", overrides=settings_for(server)),
         "overrides a string": call(data=data, overrides="optimizer.model=x"),
         "bad override": call(data=data, overrides=[*settings_for(server), "reflect.nope=1"]),
         "results not rows": call(results=[1, 2], skill=skill, conversations=conversations),
-        "conversation not JSON": call(
-            results=results, skill=skill, conversations={"run_00000": [object()]}, overrides=settings_for(server)
-        ),
+        "conversation not JSON": call(results=results, skill=skill, conversations={"run_00000": [object()]},
+                                      overrides=settings_for(server)),
         "config not a config": call(data=data, config={"reflect": {}}),
     }
 
@@ -175,23 +150,14 @@ def test_every_api_mistake_is_one_user_error_before_any_call(tmp_path, server):
 def skillopt_call(tmp_path, **changes):
     data = write_dataset(tmp_path / "data", n_fail=2, n_succ=0)
     results, skill, _ = python_inputs(data)
-    arguments = {
-        "results": results,
-        "skill_content": skill,
-        "prediction_dir": str(data / "predictions"),
-        "patches_dir": str(tmp_path / "patches"),
-        "workers": 2,
-        "failure_only": True,
-        "overrides": ["mlflow.enabled=false"],
-        **changes,
-    }
+    arguments = {"results": results, "skill_content": skill, "prediction_dir": str(data / "predictions"),
+                 "patches_dir": str(tmp_path / "patches"), "workers": 2, "failure_only": True,
+                 "overrides": ["mlflow.enabled=false"], **changes}
     return run_minibatch_reflect(**arguments)
 
 
-@pytest.mark.parametrize(
-    "what",
-    ["patches_dir a file", "patches_dir empty", "workers None", "predictions mistyped", "reflact's record dir a file"],
-)
+@pytest.mark.parametrize("what", ["patches_dir a file", "patches_dir empty", "workers None", "predictions mistyped",
+                                  "reflact's record dir a file"])
 def test_skillopt_entry_mistakes_are_one_user_error_before_any_call(tmp_path, server, monkeypatch, what):
     monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
     monkeypatch.setenv("OPTIMIZER_DEPLOYMENT", "test")
@@ -210,9 +176,8 @@ def test_skillopt_entry_mistakes_are_one_user_error_before_any_call(tmp_path, se
     assert server.count == 0
 
 
-@pytest.mark.parametrize(
-    "url", ["https://proxy.example.com/v1?api-version=2024-10-21&x=${oc.env:HOME}", "http://127.0.0.1:9/v1?a='b',c=[d]"]
-)
+@pytest.mark.parametrize("url", ["https://proxy.example.com/v1?api-version=2024-10-21&x=${oc.env:HOME}",
+                                 "http://127.0.0.1:9/v1?a='b',c=[d]"])
 def test_openai_base_url_reaches_the_skillopt_entrys_config_as_written(monkeypatch, url):
     from reflact.compat.skillopt import _config
 
@@ -229,12 +194,8 @@ def test_two_reflect_calls_in_two_threads_both_finish(tmp_path, server):
 
     def one(name: str) -> None:
         try:
-            outcomes[name] = reflact.reflect(
-                demo_dir(),
-                overrides=settings_for(server, "optimizer.cache=off"),
-                run_dir=tmp_path / name,
-                launch_dir=tmp_path / name,
-            )
+            outcomes[name] = reflact.reflect(demo_dir(), overrides=settings_for(server, "optimizer.cache=off"),
+                                             run_dir=tmp_path / name, launch_dir=tmp_path / name)
         except BaseException as exc:  # the assertion below shows it
             outcomes[name] = exc
 
@@ -268,9 +229,8 @@ ANYTHING = JSON | st.binary(max_size=8) | st.just(object()) | st.sets(st.integer
 
 
 @pytest.mark.slow
-@settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
-)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
 @given(
     results=st.lists(st.fixed_dictionaries({"id": JSON, "hard": JSON}) | ANYTHING, max_size=3) | ANYTHING,
     skill=st.text(max_size=30) | ANYTHING,
@@ -279,13 +239,8 @@ ANYTHING = JSON | st.binary(max_size=8) | st.just(object()) | st.sets(st.integer
 def test_random_python_inputs_are_a_reflection_or_a_user_error(tmp_path_factory, results, skill, conversations):
     launch = tmp_path_factory.mktemp("fuzz")
     try:
-        done = reflact.reflect(
-            results=results,
-            skill=skill,
-            conversations=conversations,
-            launch_dir=launch,
-            overrides=["optimizer.dry_run=true", "mlflow.enabled=false", "optimizer.cache=off"],
-        )
+        done = reflact.reflect(results=results, skill=skill, conversations=conversations, launch_dir=launch,
+                               overrides=["optimizer.dry_run=true", "mlflow.enabled=false", "optimizer.cache=off"])
     except UserError as exc:
         assert "\n" not in str(exc)
         return

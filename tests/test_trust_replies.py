@@ -55,16 +55,13 @@ def escaped_reply(request: dict, text: str) -> Response:
 # ---------------------------------------------------------------- unencodable text
 
 
-@pytest.mark.parametrize(
-    ("text", "written"),
-    [
-        (f"a{HALF_EMOJI}b", "a\ufffdb"),
-        ("a\ude00b", "a\ufffdb"),  # a lone low half
-        ("\ud83d\ude00", "\U0001f600"),  # a pair split in two code points is joined
-        (f"{HALF_EMOJI}{HALF_EMOJI}\U0001f600", "\ufffd\ufffd\U0001f600"),
-        ("plain é 😀", "plain é 😀"),
-    ],
-)
+@pytest.mark.parametrize(("text", "written"), [
+    (f"a{HALF_EMOJI}b", "a\ufffdb"),
+    ("a\ude00b", "a\ufffdb"),  # a lone low half
+    ("\ud83d\ude00", "\U0001f600"),  # a pair split in two code points is joined
+    (f"{HALF_EMOJI}{HALF_EMOJI}\U0001f600", "\ufffd\ufffd\U0001f600"),
+    ("plain é 😀", "plain é 😀"),
+])
 def test_the_writer_repairs_unencodable_text_instead_of_failing(tmp_path, text, written):
     write_text(tmp_path / "a.txt", text)
     write_json(tmp_path / "a.json", {text: [text]})
@@ -80,8 +77,7 @@ def test_a_lone_surrogate_in_a_reply_is_saved_repaired_and_replays_from_the_cach
         server.script = lambda request, number: escaped_reply(request, f"- keep calm {HALF_EMOJI}")
     else:  # the body's JSON does: the content itself carries the lone half
         server.script = lambda request, number: Response(
-            body=json.dumps(chat_body(json.dumps(default_reply(request))[:-1] + f', "x": "{HALF_EMOJI}"}}'))
-        )
+            body=json.dumps(chat_body(json.dumps(default_reply(request))[:-1] + f', "x": "{HALF_EMOJI}"}}')))
     cache = ["optimizer.cache=read_write", f"optimizer.cache_path={tmp_path / 'cache.db'}"]
     for run in ("first", "rerun from the cache"):
         outcomes = stage_for(tmp_path, server, data, *cache, run_dir=tmp_path / run).run()
@@ -103,14 +99,8 @@ def test_the_api_returns_the_patches_as_saved_repaired_and_in_plan_order(tmp_pat
 
     data = write_dataset(tmp_path / "d", n_fail=4, n_succ=2)
     server.script = lambda request, number: escaped_reply(request, f"- keep calm {HALF_EMOJI}")
-    point = [
-        "optimizer=compatible",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "reflect.minibatch_size=2",
-        "mlflow.enabled=false",
-        "optimizer.cache=off",
-    ]
+    point = ["optimizer=compatible", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+             "reflect.minibatch_size=2", "mlflow.enabled=false", "optimizer.cache=off"]
     for run in ("first", "rerun"):
         done = reflact.reflect(data, overrides=point, run_dir=tmp_path / "run", launch_dir=tmp_path)
         assert list(done.patches) == ["minibatch_fail_000", "minibatch_fail_001", "minibatch_succ_000"], run
@@ -121,16 +111,9 @@ def test_the_api_returns_the_patches_as_saved_repaired_and_in_plan_order(tmp_pat
 
 def test_results_and_imports_with_lone_surrogates_are_written(tmp_path):
     log = tmp_path / "log.jsonl"
-    run = {
-        "id": "r1",
-        "score": 0,
-        "task": f"cut {HALF_EMOJI}",
-        "messages": [
-            {"role": "system", "content": f"skill {HALF_EMOJI}"},
-            {"role": "user", "content": f"hi {HALF_EMOJI}"},
-            {"role": "assistant", "content": "ok"},
-        ],
-    }
+    run = {"id": "r1", "score": 0, "task": f"cut {HALF_EMOJI}",
+           "messages": [{"role": "system", "content": f"skill {HALF_EMOJI}"},
+                        {"role": "user", "content": f"hi {HALF_EMOJI}"}, {"role": "assistant", "content": "ok"}]}
     log.write_text(json.dumps(run) + "\n", encoding="utf-8")  # json escapes the half: a valid file
     import_runs("chat_jsonl", log, tmp_path / "out")
     for path in (tmp_path / "out").rglob("*"):
@@ -143,9 +126,8 @@ def test_api_inputs_with_lone_surrogates_are_written(tmp_path):
 
     cfg = make_config(f"data.dir={tmp_path}", "optimizer.base_url=http://127.0.0.1:9", "optimizer.model=test")
     results = [{"id": "r1", "hard": 0, "task_description": f"cut {HALF_EMOJI}"}]
-    inputs = python_inputs(
-        results, f"# skill {HALF_EMOJI}", {"r1": [{"role": "user", "content": f"hi {HALF_EMOJI}"}]}, None
-    )
+    inputs = python_inputs(results, f"# skill {HALF_EMOJI}", {"r1": [{"role": "user", "content": f"hi {HALF_EMOJI}"}]},
+                           None)
     inputs.write(cfg, tmp_path / "in")
     for name in ("skill.md", "results.jsonl", "predictions/r1/conversation.json"):
         assert "\ufffd" in utf8(tmp_path / "in" / name), name
@@ -191,9 +173,7 @@ def test_a_cache_write_locked_past_its_timeout_keeps_the_paid_reply(tmp_path, se
     assert [o.status for o in outcomes] == ["done"] * 2 and server.count == 2
     assert len(patches_of(tmp_path / "run")) == 2
     assert sorted(p.parent.name for p in (tmp_path / "run" / "calls").glob("*/reply_*.txt")) == [
-        "minibatch_fail_000",
-        "minibatch_fail_001",
-    ]
+        "minibatch_fail_000", "minibatch_fail_001"]
     [warning] = cache_warnings(caplog)
     assert "locked" in warning
 
@@ -204,27 +184,13 @@ def test_a_cache_entry_that_is_not_a_reply_is_a_miss(tmp_path, server):
     stage_for(tmp_path, server, data, "optimizer.cache=read_write", f"optimizer.cache_path={path}").run()
     with closing(sqlite3.connect(path, isolation_level=None)) as db:
         [(key, _)] = db.execute("SELECT key, reply FROM replies").fetchall()
-    for number, garbage in enumerate(
-        [
-            "not json",
-            "[1]",
-            '{"text": 5}',
-            '{"text": "t", "usage": {"prompt": -1}}',
-            '{"text": "t", "usage": {"tokens": 1}}',
-            '{"text": "t", "finish_reason": 3}',
-        ]
-    ):
+    for number, garbage in enumerate(["not json", "[1]", '{"text": 5}', '{"text": "t", "usage": {"prompt": -1}}',
+                    '{"text": "t", "usage": {"tokens": 1}}', '{"text": "t", "finish_reason": 3}']):
         with closing(sqlite3.connect(path, isolation_level=None)) as db:
             db.execute("UPDATE replies SET reply = ? WHERE key = ?", (garbage, key))
         before = server.count
-        outcomes = stage_for(
-            tmp_path,
-            server,
-            data,
-            "optimizer.cache=read",
-            f"optimizer.cache_path={path}",
-            run_dir=tmp_path / f"again{number}",
-        ).run()
+        outcomes = stage_for(tmp_path, server, data, "optimizer.cache=read",
+                             f"optimizer.cache_path={path}", run_dir=tmp_path / f"again{number}").run()
         assert outcomes[0].status == "done" and server.count == before + 1, garbage
 
 
@@ -248,21 +214,11 @@ def test_a_key_quoted_back_in_a_reply_is_in_no_file_of_the_run(tmp_path, server,
     server.script = script
     where = [f"optimizer.base_url={server.base_url}"]
     if provider == "azure":
-        where = [
-            "optimizer=azure",
-            "optimizer.base_url=null",
-            "optimizer.azure.deployment=dep",
-            f"optimizer.azure.endpoint={server.base_url.removesuffix('/v1')}",
-        ]
-    cfg = make_config(
-        f"data.dir={data}",
-        *where,
-        ONE_EACH,
-        "optimizer.model=test",
-        "optimizer.cache=read_write",
-        f"optimizer.cache_path={launch_dir / 'outputs' / 'cache.db'}",
-        f"mlflow.tracking_uri=sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}",
-    )
+        where = ["optimizer=azure", "optimizer.base_url=null", "optimizer.azure.deployment=dep",
+                 f"optimizer.azure.endpoint={server.base_url.removesuffix('/v1')}"]
+    cfg = make_config(f"data.dir={data}", *where, ONE_EACH, "optimizer.model=test", "optimizer.cache=read_write",
+                      f"optimizer.cache_path={launch_dir / 'outputs' / 'cache.db'}",
+                      f"mlflow.tracking_uri=sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}")
     monkeypatch.setenv("AZURE_OPENAI_API_KEY" if provider == "azure" else "OPENAI_API_KEY", KEY)
     result = run_experiment(cfg, {}, tmp_path / "run", Launch(launch_dir))
     assert result.summary["counts"]["minibatches_done"] == 2 and server.count == 2
@@ -284,18 +240,15 @@ PRICED = "+optimizer.prices.test={input:1,cached_input:0.1,output:4}"
 def test_absurd_usage_is_recorded_as_at_most_what_the_request_could_cost(tmp_path, server, caplog):
     data = write_dataset(tmp_path / "d", n_fail=1, n_succ=1)
     absurd = 10**9  # the largest count read as plausible: $1000s a call at this price
-    server.script = lambda request, number: Response(
-        body=chat_body(json.dumps(default_reply(request)), prompt_tokens=absurd, completion_tokens=absurd)
-    )
+    server.script = lambda request, number: Response(body=chat_body(
+        json.dumps(default_reply(request)), prompt_tokens=absurd, completion_tokens=absurd))
     caplog.set_level(logging.WARNING, logger="reflact")
     stage = stage_for(tmp_path, server, data, PRICED, "optimizer.max_cost_usd=1")
     outcomes = stage.run()
     assert [o.status for o in outcomes] == ["done", "done"]
     for outcome in outcomes:
-        messages = [
-            {"role": "system", "content": stage.run_dir.system_path(outcome.tag).read_text("utf-8")},
-            {"role": "user", "content": stage.run_dir.user_path(outcome.tag, 1).read_text("utf-8")},
-        ]
+        messages = [{"role": "system", "content": stage.run_dir.system_path(outcome.tag).read_text("utf-8")},
+                    {"role": "user", "content": stage.run_dir.user_path(outcome.tag, 1).read_text("utf-8")}]
         worst = worst_cost(messages, stage.cfg.optimizer.max_output_tokens, stage.asker.price)
         assert 0 < outcome.spent_usd == outcome.cost_usd == pytest.approx(worst)
     assert stage.asker.spend.spent <= 1.0
@@ -344,9 +297,8 @@ def test_a_bug_on_a_reply_drops_it_from_the_cache(tmp_path, server, monkeypatch)
 
 def supported(ids: list[str], support: object) -> list[str]:
     mode = get_mode("patch")
-    checked = CheckedReply(
-        {"patch": {"edits": [{"op": "append", "content": "- x", "supporting_trajectories": support}]}}, 1, 1
-    )
+    checked = CheckedReply({"patch": {"edits": [{"op": "append", "content": "- x",
+                                                 "supporting_trajectories": support}]}}, 1, 1)
     return with_support_ids(checked, mode, ids).obj["patch"]["edits"][0]["supporting_ids"]
 
 
@@ -368,24 +320,13 @@ def test_an_id_shown_is_accepted_and_its_number_form_too():
 # ---------------------------------------------------------------- the reply path, fuzzed
 
 TEXT = st.text(st.characters(blacklist_categories=()), max_size=40)  # surrogates included
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | TEXT,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
-    max_leaves=30,
-)
-ITEM = st.fixed_dictionaries(
-    {"op": st.sampled_from(["append", "insert_after", "replace", "delete", 3]), "content": JSON, "target": JSON},
-    optional={"supporting_trajectories": JSON},
-)
-REPLY = (
-    st.fixed_dictionaries(
-        {
-            "failure_summary": JSON,
-            "patch": st.fixed_dictionaries({"reasoning": JSON, "edits": st.lists(ITEM, max_size=4) | JSON}),
-        }
-    )
-    | JSON
-)
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | TEXT,
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+                    max_leaves=30)
+ITEM = st.fixed_dictionaries({"op": st.sampled_from(["append", "insert_after", "replace", "delete", 3]),
+                              "content": JSON, "target": JSON}, optional={"supporting_trajectories": JSON})
+REPLY = st.fixed_dictionaries({"failure_summary": JSON, "patch": st.fixed_dictionaries(
+    {"reasoning": JSON, "edits": st.lists(ITEM, max_size=4) | JSON})}) | JSON
 
 
 def reply_text(obj: object, wrap: int) -> str:
@@ -413,13 +354,10 @@ def test_the_reply_path_takes_any_reply_without_a_traceback(tmp_path, obj, wrap,
 
 def test_the_fuzz_reaches_checked_patches():
     """The property above is not vacuous: replies of its shape do reach a written patch."""
-    obj = {
-        "failure_summary": [],
-        "patch": {
-            "reasoning": f"r{HALF_EMOJI}",
-            "edits": [{"op": "append", "content": f"- a {HALF_EMOJI}", "supporting_trajectories": ["1", 3]}],
-        },
-    }
+    obj = {"failure_summary": [], "patch": {"reasoning": f"r{HALF_EMOJI}",
+                                            "edits": [{"op": "append", "content": f"- a {HALF_EMOJI}",
+                                                       "supporting_trajectories": ["1", 3]}]}}
     checked = check_reply(extract_object(reply_text(obj, 1)), get_mode("patch"), "failure", 3, False)
     edit = with_support_ids(checked, get_mode("patch"), ["1", "run_2", "3"]).obj["patch"]["edits"][0]
     assert edit["content"] == "- a \ufffd" and edit["supporting_ids"] == ["1", "3"]
+

@@ -32,17 +32,9 @@ def finished(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("finished")
     with OptimizerServer() as server:
-        done = reflact.reflect(
-            demo_dir(),
-            run_dir=root / "run",
-            launch_dir=root,
-            overrides=[
-                "optimizer=compatible",
-                f"optimizer.base_url={server.base_url}",
-                "optimizer.model=test",
-                "mlflow.enabled=false",
-            ],
-        )
+        done = reflact.reflect(demo_dir(), run_dir=root / "run", launch_dir=root, overrides=[
+            "optimizer=compatible", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+            "mlflow.enabled=false"])
     assert done.status == "FINISHED" and (root / "run" / "kept_items.jsonl").is_file()
     return root / "run"
 
@@ -52,7 +44,6 @@ def summary_edit(change):
         summary = json.loads((rd / "summary.json").read_text())
         change(summary)
         (rd / "summary.json").write_text(json.dumps(summary))
-
     return damage
 
 
@@ -60,7 +51,6 @@ def replaced(name: str, text: str | bytes):
     def damage(rd: Path) -> None:
         path = rd / name
         path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
-
     return damage
 
 
@@ -84,10 +74,8 @@ DAMAGE = {
     "config with an unknown key": replaced(".hydra/config.yaml", "bogus: 1\n"),
 }
 # what relog reads that analyze does not, and the other way round
-RELOG_ONLY = {
-    "hydra.yaml not YAML": replaced(".hydra/hydra.yaml", "hydra: [\n"),
-    "started_at a word": summary_edit(lambda s: s.__setitem__("times", {"started_at": "x"})),
-}
+RELOG_ONLY = {"hydra.yaml not YAML": replaced(".hydra/hydra.yaml", "hydra: [\n"),
+              "started_at a word": summary_edit(lambda s: s.__setitem__("times", {"started_at": "x"}))}
 ANALYZE_ONLY = ("saved threshold 0", "saved threshold a list", "kept items nested too deep", "kept items not UTF-8")
 
 
@@ -130,47 +118,18 @@ def test_a_saved_threshold_of_0_is_no_obstacle_when_one_is_given(finished, tmp_p
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
-    lambda inner: (
-        st.lists(inner, max_size=4)
-        | st.dictionaries(
-            st.sampled_from(
-                [
-                    "minibatches",
-                    "counts",
-                    "settings",
-                    "times",
-                    "tag",
-                    "group",
-                    "index",
-                    "status",
-                    "usage",
-                    "seed",
-                    "threshold",
-                    "matcher",
-                    "cost_usd",
-                    "item",
-                    "position",
-                    "minibatch",
-                    "op",
-                    "content",
-                    "x",
-                ]
-            ),
-            inner,
-            max_size=5,
-        )
-    ),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(
+        ["minibatches", "counts", "settings", "times", "tag", "group", "index", "status", "usage", "seed",
+         "threshold", "matcher", "cost_usd", "item", "position", "minibatch", "op", "content", "x"]), inner,
+        max_size=5),
     max_leaves=20,
 )
 
 
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    name=st.sampled_from(["summary.json", "analysis.json", "kept_items.jsonl", ".hydra/config.yaml"]),
-    content=JSON,
-    raw=st.one_of(st.none(), st.binary(max_size=30), st.text(max_size=30)),
-)
+@given(name=st.sampled_from(["summary.json", "analysis.json", "kept_items.jsonl", ".hydra/config.yaml"]),
+       content=JSON, raw=st.one_of(st.none(), st.binary(max_size=30), st.text(max_size=30)))
 def test_random_records_in_a_run_dir_give_a_report_or_one_line(finished, tmp_path_factory, name, content, raw):
     """A record replaced by random JSON, text or bytes: analyze writes its report or says in one line
     what is wrong (exit 2); relog's reading of it is pinned by the cases above."""
@@ -184,9 +143,8 @@ def test_random_records_in_a_run_dir_give_a_report_or_one_line(finished, tmp_pat
     if raw is None:
         path.write_text(json.dumps(content) + "\n")
     else:
-        path.write_bytes(raw) if isinstance(raw, bytes) else path.write_text(
-            raw, encoding="utf-8", errors="surrogatepass"
-        )
+        path.write_bytes(raw) if isinstance(raw, bytes) else path.write_text(raw, encoding="utf-8",
+                                                                              errors="surrogatepass")
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
@@ -200,14 +158,9 @@ def test_random_records_in_a_run_dir_give_a_report_or_one_line(finished, tmp_pat
 
 
 def test_the_importer_never_writes_a_file_reflact_would_refuse(tmp_path, capsys):
-    runs = [
-        {
-            "id": f"r{n}",
-            "score": n % 2,
-            "messages": [{"role": "system", "content": "skill"}, {"role": "user", "content": "x" * 40_000}],
-        }
-        for n in range(4)
-    ]
+    runs = [{"id": f"r{n}", "score": n % 2, "messages": [{"role": "system", "content": "skill"},
+                                                        {"role": "user", "content": "x" * 40_000}]}
+            for n in range(4)]
     source = tmp_path / "runs.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in runs))
     one_line_exit_2(import_main, ["chat_jsonl", str(source), str(tmp_path / "small"), "--max-file-mb", "0.1"], capsys)
@@ -247,10 +200,8 @@ def write_items(root: Path, texts: list[str]) -> RunDir:
         for tag, text in zip(tags, texts, strict=True):
             item = {"op": "append", "content": text}
             out.write(json.dumps({"minibatch": tag, "position": 0, "trajectory_ids": [], "item": item}) + "\n")
-    records = [
-        {"tag": t, "group": "failure" if "fail" in t else "success", "index": int(t[-3:]), "status": "done"}
-        for t in tags
-    ]
+    records = [{"tag": t, "group": "failure" if "fail" in t else "success", "index": int(t[-3:]), "status": "done"}
+               for t in tags]
     (root / "summary.json").write_text(json.dumps({"settings": {}, "counts": {}, "minibatches": records}))
     return RunDir(root)
 
@@ -273,10 +224,8 @@ def test_long_items_are_compared_by_their_beginning_and_different_ones_stay_apar
 def test_a_run_whose_items_are_too_long_to_compare_in_budget_skips_its_own_analysis(tmp_path):
     rd = write_items(tmp_path / "long", [words(3_000, n) for n in range(16)])
     figures = analyse_run_dir(rd, 0.85, max_items=20)
-    assert (
-        "more work than analysis.max_items=20" in figures["skipped"]
-        and "python -m reflact.analyze" in figures["skipped"]
-    )
+    assert "more work than analysis.max_items=20" in figures["skipped"] and "python -m reflact.analyze" in \
+        figures["skipped"]
     short = write_items(tmp_path / "short", [words(20, n) for n in range(16)])
     assert "skipped" not in analyse_run_dir(short, 0.85, max_items=20)
     assert "skipped" not in analyse_run_dir(rd, 0.85, max_items=20_000)  # the default allows 16 long ones

@@ -12,14 +12,8 @@ from tests.conftest import long_dataset, make_config, stage_for, write_dataset
 
 def test_a_minibatch_too_large_for_the_window_is_split_and_merged(tmp_path, server):
     data = long_dataset(tmp_path / "d", n_fail=4, obs_chars=8000)  # ~2,000 tokens per trajectory
-    stage = stage_for(
-        tmp_path,
-        server,
-        data,
-        "optimizer.context_window=8000",
-        "optimizer.max_output_tokens=1000",
-        "reflect.edit_budget=3",
-    )
+    stage = stage_for(tmp_path, server, data, "optimizer.context_window=8000", "optimizer.max_output_tokens=1000",
+                      "reflect.edit_budget=3")
     [outcome] = stage.run()
     assert server.count == outcome.parts > 1
     for request in server.requests:
@@ -33,14 +27,8 @@ def test_a_minibatch_too_large_for_the_window_is_split_and_merged(tmp_path, serv
 
 def test_shorten_keeps_one_call_and_cuts_long_items_in_the_middle(tmp_path, server):
     data = long_dataset(tmp_path / "d", n_fail=4, obs_chars=8000)
-    stage = stage_for(
-        tmp_path,
-        server,
-        data,
-        "optimizer.context_window=8000",
-        "optimizer.max_output_tokens=1000",
-        "optimizer.context_overflow=shorten",
-    )
+    stage = stage_for(tmp_path, server, data, "optimizer.context_window=8000", "optimizer.max_output_tokens=1000",
+                      "optimizer.context_overflow=shorten")
     [outcome] = stage.run()
     user = server.requests[0]["messages"][1]["content"]
     assert server.count == 1 and outcome.shortened > 0
@@ -62,18 +50,11 @@ def test_preview_and_report_show_what_each_edit_would_do(tmp_path, server):
         {"op": "delete", "target": "not in the skill"},
         {"op": "replace", "target": "Never refund an order with an open dispute.", "content": "x"},
     ]
-    reply = {
-        "failure_summary": [{"pattern": "wrong amounts", "trajectories": ["run_00000"]}],
-        "patch": {"reasoning": "amounts", "edits": edits},
-    }
+    reply = {"failure_summary": [{"pattern": "wrong amounts", "trajectories": ["run_00000"]}],
+             "patch": {"reasoning": "amounts", "edits": edits}}
     server.script = lambda r, n: Response(body=chat_body(json.dumps(reply)))
-    cfg = make_config(
-        f"data.dir={data}",
-        f"optimizer.base_url={server.base_url}",
-        "optimizer.model=test",
-        "optimizer.cache=off",
-        "mlflow.enabled=false",
-    )
+    cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                      "optimizer.cache=off", "mlflow.enabled=false")
     summary = run_experiment(cfg, {}, tmp_path / "run", Launch(tmp_path)).summary
     run = tmp_path / "run"
     candidate = (run / "preview" / "minibatch_fail_000.skill.md").read_text()

@@ -6,8 +6,8 @@ when it is done); a run that ended cleanly leaves it waiting for the launching p
 run (a sweep's next job). Being a process of its own, a tracking server that hangs can hold
 nothing of the run: the run waits for it at most `mlflow.deadline_s` at its end, then stops
 it. MLflow's CPU work runs beside the stage for real, not on a thread that shares its
-interpreter. The command line starts it before it imports Hydra (reflact.tracking.process), so that
-importing mlflow (seconds) overlaps the run's own start; it is told the store once that is
+interpreter. The command line starts it before it imports Hydra (reflact.tracking.process), so
+that importing mlflow (seconds) overlaps the run's own start; it is told the store once that is
 known, and opens a local one while the run prepares its first requests.
 
 A write that fails is retried with backoff while the run goes on; the events stay queued, so
