@@ -84,7 +84,7 @@ class Feed:
             time.sleep(0.01)
 
     def close(self) -> None:
-        self.send(End(None, "FINISHED", "", 5.0))
+        self.send(End(None, "FINISHED", "", 5.0, 0))
         self.thread.join(10)
         assert not self.thread.is_alive()
 

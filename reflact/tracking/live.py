@@ -28,7 +28,7 @@ from reflact.running.events import CallStarted, MinibatchEnded, Replied
 from reflact.running.rundir import append_trace, trace_record
 from reflact.tracking import process
 from reflact.tracking.process import End, Opening, RunContext, SpareTracker, Start
-from reflact.tracking.store import tracking_uri
+from reflact.tracking.store import now_ms, tracking_uri
 
 log = logging.getLogger("reflact")
 SAVED: dict = {}  # stands for a saved patch in the queue
@@ -91,7 +91,7 @@ class LiveRun:
         self._tracker.start(0.0)
         # the tracker gives up a moment before the run stops it, so that it can say why
         left_s = deadline_s - (time.monotonic() - ended) - ANSWER_S
-        self._tracker.outbox.put(End(summary, status, self.digest(), max(left_s, ANSWER_S)))
+        self._tracker.outbox.put(End(summary, status, self.digest(), max(left_s, ANSWER_S), now_ms()))
         failure = self._tracker.end(ended, deadline_s, busy_allowance(self.uri, deadline_s))
         if not failure:
             self._hand_back()
@@ -147,9 +147,9 @@ class TrackerProcess:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._failure = ""  # why the tracker gave up, from its last answer
-        self._ready = False  # the tracker has imported mlflow, or found the store failing
-        self._answered = 0.0  # monotonic: the store's last answer, as the tracker reported it
+        self._ready_at: float | None = None  # monotonic: the tracker imported mlflow, or found the store failing
         self._failing = False  # the store's last answer was a failure
+        self._migrating = False  # the tracker is migrating a fresh local store
         try:  # at once: it imports what its store needs while the run starts
             self._proc = idle or process.spawn()
             process.write(self._proc, Opening(start.uri))
@@ -170,27 +170,34 @@ class TrackerProcess:
 
     def end(self, ended: float, deadline_s: float, busy_s: float) -> str:
         """Waits for the tracker's end: an empty answer when it ended the run (the process is
-        then idle: `release`), else why not (its own reason, or that the store stayed silent for
-        the deadline; a store that is silent without failing gets `busy_s`), and the process is
-        stopped."""
+        then idle: `release`), else why not (its own reason, or that it had not written the run
+        by its bound: `_bound`), and the process is stopped."""
         answered = self._wait(ended, deadline_s, busy_s)
-        failure = self._failure if answered else f"no answer within mlflow.deadline_s={deadline_s:g}"
+        failure = self._failure if answered else f"not written within mlflow.deadline_s={deadline_s:g} of the end"
         if failure:
             self._stop()
         return failure
 
     def _wait(self, ended: float, deadline_s: float, busy_s: float) -> bool:
-        """Whether the tracker is done before the store has been silent for `deadline_s` since
-        the run's end (`busy_s` while it is not failing; START_S while the tracker imports mlflow
-        with no store asked yet)."""
+        """Whether the tracker is done by its bound."""
         while True:
-            since = max(ended, self._answered) if self._ready else ended
-            allowed = START_S if not self._ready else deadline_s if self._failing else busy_s
-            remaining = since + allowed - time.monotonic()
+            remaining = self._bound(ended, deadline_s, busy_s) - time.monotonic()
             if remaining <= 0:
                 return self._done.is_set()
-            if self._done.wait(min(remaining, POLL_S)):  # the tracker's news may shorten the wait
+            if self._done.wait(min(remaining, POLL_S)):  # the tracker's news may change the bound
                 return True
+
+    def _bound(self, ended: float, deadline_s: float, busy_s: float) -> float:
+        """When the end stops waiting (monotonic). Fixed moments, whatever the tracker still has to
+        write: a store that answers slowly, or a backlog, never moves them. From the run's end:
+        START_S while the tracker imports mlflow (no store asked yet), `busy_s` while it migrates a
+        fresh local store; once it is ready (from then, or from the end), `deadline_s` for a store
+        that fails, `busy_s` for one that does not (a local sqlite store busy with other jobs)."""
+        if self._migrating:
+            return ended + busy_s
+        if self._ready_at is None:
+            return ended + START_S
+        return max(ended, self._ready_at) + (deadline_s if self._failing else busy_s)
 
     def _feed(self, delay_s: float) -> None:
         """The feeder thread: pipes the tracker process every event, in order."""
@@ -224,13 +231,11 @@ class TrackerProcess:
             self._done.set()
 
     def _take(self, answer: dict) -> None:
-        if "answered" in answer:
-            self._ready, self._failing, self._answered = True, False, time.monotonic()
-        elif "failing" in answer:
-            self._ready, self._failing = True, True
-        elif "ready" in answer:  # mlflow imported: the store's deadline starts now, unless it failed already
-            self._ready = True
-            self._answered = self._answered if self._failing else time.monotonic()
+        if answer.keys() & {"ready", "answered", "failing"}:
+            self._ready_at = self._ready_at or time.monotonic()
+            self._failing = "failing" in answer or (self._failing and "ready" in answer)
+        if "migrating" in answer:
+            self._migrating = answer["migrating"]
         elif "run_id" in answer:
             self.run_id = answer["run_id"]
         elif "log" in answer:

@@ -25,6 +25,7 @@ from reflact.running.summary import dataset_counts
 from reflact.text import one_line
 from reflact.tracking.process import RunContext
 from reflact.tracking.store import (
+    METRICS_PER_WRITE,
     Store,
     analysis_metrics,
     context_tags,
@@ -39,6 +40,8 @@ from reflact.tracking.store import (
 )
 
 log = logging.getLogger("reflact")
+# on a run whose end could not be written whole: what it lacks, and the command that writes it
+MISSING_TAG = "reflact.missing"
 
 
 @dataclass
@@ -73,17 +76,37 @@ class Totals:
 
 @dataclass
 class Batch:
-    """Metrics (key, value, step) and files (path, artifact folder) to log in one write."""
+    """Metrics (key, value, step), run tags, tables (name -> columns) and files (path, artifact
+    folder) to log in one write. A write empties it as it goes, so that a write retried after a
+    failure sends only what is left (a metric sent twice would be two points of its series)."""
 
     rows: list[tuple[str, float, int]] = field(default_factory=list)
     files: list[tuple[Path, str]] = field(default_factory=list)
+    tags: dict[str, str] = field(default_factory=dict)
+    tables: dict[str, dict[str, list]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.rows or self.files)
+        return bool(self.rows or self.files or self.tags or self.tables)
 
     def extend(self, other: Batch) -> None:
         self.rows += other.rows
         self.files += other.files
+        self.tags.update(other.tags)
+        self.tables.update(other.tables)
+
+    def take(self) -> Batch:
+        """What is left, moved out of this batch."""
+        left = Batch(self.rows, self.files, self.tags, self.tables)
+        self.rows, self.files, self.tags, self.tables = [], [], {}, {}
+        return left
+
+    def missing(self) -> str:
+        """What is left, in words."""
+        parts = [
+            f"{len(self.rows)} metric values" if self.rows else "",
+            f"{len(self.tables) + len(self.files)} files" if self.tables or self.files else "",
+        ]
+        return ", ".join(filter(None, parts)) or "the run's status"
 
 
 class Mirror:
@@ -92,6 +115,7 @@ class Mirror:
         self.context = context
         self.positions: dict[str, int] = {}
         self.totals = Totals(priced=priced(context.cfg))
+        self._ending: Batch | None = None  # the end's write, once made (what a failed try left of it)
 
     def open(self) -> str:
         """Creates the run (replacing any earlier one of the run dir), RUNNING since the run's start."""
@@ -102,9 +126,9 @@ class Mirror:
         self.store.log_params({**c.params, **{f"template_hash.{group}": h for group, h in hashes.items()}})
         self.store.log_metrics([(k, float(v), 0) for k, v in setting_metrics(c.cfg).items()], now_ms())
         if c.dataset is not None:
-            self._log_dataset(c.dataset)
+            log_dataset(self.store, c, c.dataset)
         if c.system is not None:
-            self._link_prompts(c.system)
+            link_prompts(self.store, c, c.system)
         return run_id
 
     def write(self, events: list) -> None:
@@ -128,26 +152,53 @@ class Mirror:
             batch.rows += [(key, value, self.totals.ended) for key, value in totals.items()]
         return batch
 
-    def log(self, batch: Batch, tags: dict[str, str] | None = None) -> None:
-        self.store.log_metrics(batch.rows, now_ms(), tags)
-        self.store.log_files(batch.files)
+    def log(self, batch: Batch) -> None:
+        """Writes `batch`, emptying it as each part is written."""
+        for name, table in list(batch.tables.items()):  # each table's tag goes with the metrics
+            batch.tags.update(self.store.log_table(table, name))
+            del batch.tables[name]
+        while batch.rows or batch.tags:
+            chunk = batch.rows[:METRICS_PER_WRITE]
+            self.store.log_metrics(chunk, now_ms(), batch.tags)
+            del batch.rows[: len(chunk)]
+            batch.tags = {}
+        while batch.files:
+            self.store.log_files(batch.files[:1])
+            del batch.files[0]
 
     def end(self, summary: dict | None, status: str, end_ms: int | None = None, last: Batch | None = None) -> None:
         """The run's counts and files (when it got as far as its summary), with `last` (the stage's
-        last minibatches, in the same write), then its status."""
-        rows, files = (list(last.rows), list(last.files)) if last is not None else ([], [])
-        if summary is not None:
-            dry_run = self.context.cfg.optimizer.dry_run
-            rows += [(k, v, self.totals.ended) for k, v in total_metrics(summary["counts"], dry_run).items()]
-            for record in summary["minibatches"]:
-                step = self.positions.get(record["tag"], 0)
-                rows += [(k, v, step) for k, v in minibatch_metrics(record).items() if k == "minibatch/apply_share"]
-            rows += self._analysis_rows()
-            files += self.context.run_dir.run_files()
-        self.log(Batch(rows, files), self._log_kept_items() if summary is not None else None)  # the table's tag too
+        last minibatches, in the same write), then its status. Retried after a failure, it writes
+        only what is left."""
+        if self._ending is None:
+            self._ending = self._end_batch(summary)
+        if last is not None:
+            self._ending.extend(last.take())
+        self.log(self._ending)
         if self.context.cfg.mlflow.trace_calls:
             _flush_traces()
         self.store.end(status, end_ms or now_ms())
+
+    def abandon(self, status: str, end_ms: int, why: str) -> None:
+        """The end's last try when its writes keep failing: the run's true status, and a tag saying
+        what it lacks and which command writes it, so that it is never left RUNNING for good."""
+        missing = self._ending.missing() if self._ending is not None else "its end"
+        relog = f"python -m reflact.relog {self.context.run_dir.root}"
+        self.store.client.set_tag(self.store.run_id, MISSING_TAG, f"{missing} not written ({why}); {relog}")
+        self.store.end(status, end_ms)
+
+    def _end_batch(self, summary: dict | None) -> Batch:
+        """The end's own metrics, files and tags: the run's counts and files when it got as far as its
+        summary, and the kept-items table's tag."""
+        if summary is None:
+            return Batch()
+        dry_run = self.context.cfg.optimizer.dry_run
+        rows = [(k, v, self.totals.ended) for k, v in total_metrics(summary["counts"], dry_run).items()]
+        for record in summary["minibatches"]:
+            step = self.positions.get(record["tag"], 0)
+            rows += [(k, v, step) for k, v in minibatch_metrics(record).items() if k == "minibatch/apply_share"]
+        rows += self._analysis_rows()
+        return Batch(rows, self.context.run_dir.run_files(), tables=self._kept_items_table())
 
     def _analysis_rows(self) -> list[tuple[str, float, int]]:
         """The run's analysis.json as metrics: run figures, and each minibatch's agreement over its
@@ -179,48 +230,46 @@ class Mirror:
                 tags["mlflow.parentRunId"] = parent["run_id"]
         return tags
 
-    def _log_dataset(self, dataset: Dataset) -> None:
-        """The dataset as an MLflow dataset input: the runs table's Datasets column, and its filters."""
-        c = self.context
-        skill, results = dataset.paths
-        conversations = [dataset.conversation_path(r.id) for r in dataset.results if r.id not in dataset.skipped]
-        profile = dataset_counts(dataset, c.cfg.reflect)  # as summary.json counts
-        folder = Path(c.cfg.data.dir).resolve() if c.cfg.data.dir else results.resolve()
-        self.store.log_dataset(folder.name, dataset_digest(skill, results, conversations), folder.as_uri(), profile)
-
-    def _link_prompts(self, system: SystemPrompts) -> None:
-        """The templates in MLflow's prompt registry; a registry that fails costs a warning, not the run."""
-        c = self.context
-        overrides = overrides_of(c.cfg.prompts)
-        try:
-            for group in GROUPS:
-                text = system.text(group.name)
-                name = prompt_name(
-                    group.name,
-                    c.cfg.reflect.update_mode,
-                    system.notes_allowed[group.name],
-                    bool(overrides[group.name]),
-                    c.cfg.reflect.provenance,
-                )
-                self.store.link_prompt(name, text, content_hash(text))
-        except Exception as exc:  # the template hashes are params either way
-            log.warning("the templates could not be linked from MLflow's prompt registry: %s", one_line(exc))
-
-    def _log_kept_items(self) -> dict[str, str]:
-        """The kept items as a table; returns the tag that lists it (none without kept items)."""
+    def _kept_items_table(self) -> dict[str, dict[str, list]]:
+        """The kept items as the table `kept_items.json` (none without kept items)."""
         rows = list(self.context.run_dir.kept_items())
         if not rows:
             return {}
-        return self.store.log_table(
-            {
-                "minibatch": [r["minibatch"] for r in rows],
-                "position": [r["position"] for r in rows],
-                "trajectory_ids": [", ".join(r["trajectory_ids"]) for r in rows],
-                "item": [json.dumps(r["item"], ensure_ascii=False) for r in rows],
-                "apply_status": [r.get("apply", {}).get("status", "") for r in rows],
-            },
-            "kept_items.json",
-        )
+        table = {
+            "minibatch": [r["minibatch"] for r in rows],
+            "position": [r["position"] for r in rows],
+            "trajectory_ids": [", ".join(r["trajectory_ids"]) for r in rows],
+            "item": [json.dumps(r["item"], ensure_ascii=False) for r in rows],
+            "apply_status": [r.get("apply", {}).get("status", "") for r in rows],
+        }
+        return {"kept_items.json": table}
+
+
+def log_dataset(store: Store, c: RunContext, dataset: Dataset) -> None:
+    """The dataset as an MLflow dataset input: the runs table's Datasets column, and its filters."""
+    skill, results = dataset.paths
+    conversations = [dataset.conversation_path(r.id) for r in dataset.results if r.id not in dataset.skipped]
+    profile = dataset_counts(dataset, c.cfg.reflect)  # as summary.json counts
+    folder = Path(c.cfg.data.dir).resolve() if c.cfg.data.dir else results.resolve()
+    store.log_dataset(folder.name, dataset_digest(skill, results, conversations), folder.as_uri(), profile)
+
+
+def link_prompts(store: Store, c: RunContext, system: SystemPrompts) -> None:
+    """The templates in MLflow's prompt registry; a registry that fails costs a warning, not the run."""
+    overrides = overrides_of(c.cfg.prompts)
+    try:
+        for group in GROUPS:
+            text = system.text(group.name)
+            name = prompt_name(
+                group.name,
+                c.cfg.reflect.update_mode,
+                system.notes_allowed[group.name],
+                bool(overrides[group.name]),
+                c.cfg.reflect.provenance,
+            )
+            store.link_prompt(name, text, content_hash(text))
+    except Exception as exc:  # the template hashes are params either way
+        log.warning("the templates could not be linked from MLflow's prompt registry: %s", one_line(exc))
 
 
 def _flush_traces() -> None:

@@ -62,7 +62,8 @@ class End:
     summary: dict | None  # None when the run was stopped before its summary
     status: str
     digest: str  # what the run holds, for the run dir's record (reflact.tracking.live)
-    deadline_s: float  # give up when the store has not answered for this long
+    deadline_s: float  # give up when the store has failed for this long
+    ended_ms: int  # the run's end (epoch milliseconds): its MLflow end time, however late it is written
 
 
 def spawn() -> subprocess.Popen:

@@ -24,10 +24,11 @@ from urllib.parse import unquote, urlparse
 
 import reflact
 from reflact.config import ReflactConfig
-from reflact.files import lock_file, write_text
+from reflact.files import write_text
 from reflact.imports import one_at_a_time
 from reflact.launch import LaunchDir
 from reflact.modes import get_mode
+from reflact.tracking.sqlite import first_use, opening_failed
 
 log = logging.getLogger("reflact")
 
@@ -46,6 +47,7 @@ ANALYSIS_METRICS = (
     "analysis_tokens",
     "analysis_cost_usd",
 )
+METRICS_PER_WRITE = 1000  # the most metrics MLflow takes in one request
 TRACE_BATCH = 100  # traces per write: the most MLflow links to a run in one request
 PAGE = 1000  # runs per search request
 
@@ -170,10 +172,14 @@ class Store:
             from mlflow.tracking import MlflowClient
 
         self.uri = uri
-        with first_use(uri):  # making the client may migrate the store already
+        with first_use(uri):  # a fresh local store is migrated first
             self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
             self._tracing = TracingClient(uri)
-            self.experiment_id = experiment_id(self.client, experiment, uri, launch_dir)
+            try:
+                self.experiment_id = experiment_id(self.client, experiment, uri, launch_dir)
+            except Exception as exc:
+                opening_failed(uri, exc)  # a half-migrated store, in one line
+                raise
         self.run_id = ""
         self._artifact_dir: Path | None = None
         # traces went through MLflow's tracer, whose failed exports it only logs: to be checked
@@ -203,15 +209,15 @@ class Store:
             self.client.log_batch(self.run_id, params=items[start : start + 100], synchronous=True)
 
     def log_metrics(self, rows: list[tuple[str, float, int]], timestamp_ms: int, tags: dict | None = None) -> None:
-        """Metrics (key, value, step), and `tags` with the first of them: one request per 1,000."""
+        """Metrics (key, value, step), and `tags` with the first of them: one request per METRICS_PER_WRITE."""
         with one_at_a_time():
             from mlflow.entities import Metric, RunTag
 
         metrics = [Metric(key, value, timestamp_ms, step) for key, value, step in rows]
         run_tags = [RunTag(key, value) for key, value in (tags or {}).items()]
-        for start in range(0, len(metrics) or len(run_tags), 1000):
+        for start in range(0, len(metrics) or len(run_tags), METRICS_PER_WRITE):
             self.client.log_batch(
-                self.run_id, metrics=metrics[start : start + 1000], tags=run_tags if not start else []
+                self.run_id, metrics=metrics[start : start + METRICS_PER_WRITE], tags=run_tags if not start else []
             )
 
     def log_files(self, files: list[tuple[Path, str]]) -> None:
@@ -341,13 +347,29 @@ def log_traces(client, tracing, experiment_id: str, run_id: str, events: list, m
         try:
             spans = [trace_span(run_id, experiment_id, event, model) for event in batch]
             tracing.log_spans(experiment_id, spans)
-        except NotImplementedError:
+        except NotImplementedError as exc:
+            _unless_unanswered(exc)
             tracer_used = True
             for event in batch:
                 write_trace(client, experiment_id, run_id, event, model)
             continue
         client.link_traces_to_run([span.trace_id for span in spans], run_id)
     return tracer_used
+
+
+def _unless_unanswered(exc: NotImplementedError) -> None:
+    """A server whose version MLflow could not look up (down, frozen) is a failure to retry, not a
+    server without log_spans: MLflow would remember the failed look-up for the process and send every
+    later trace through its tracer, one request each, whose failures it only logs."""
+    if "could not identify" not in str(exc):
+        return
+    with one_at_a_time():
+        from mlflow.store.tracking.rest_store import RestStore
+
+    forget = getattr(RestStore._get_server_version, "cache_clear", None)
+    if forget is not None:
+        forget()
+    raise ConnectionError(f"the tracking server did not tell its version ({exc})") from exc
 
 
 def trace_span(run_id: str, experiment_id: str, event, model: str):
@@ -477,27 +499,6 @@ def _tracking_uri_scope(uri: str) -> contextlib.AbstractContextManager:
         mlflow.set_tracking_uri(uri)
         return contextlib.nullcontext()
     return _use_tracking_uri(uri)
-
-
-@contextlib.contextmanager
-def first_use(uri: str):
-    """A local sqlite store is opened (and, when fresh, migrated) by one process at a time: two
-    runs migrating one fresh file at once fail, and one of them lost its whole run. A lock file
-    beside the store; other stores need none."""
-    path = sqlite_path(uri)
-    if path is None:
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as handle:
-        lock_file(handle, wait=True)
-        yield
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The file of a `sqlite:///` store (None for another store, or sqlite in memory)."""
-    path = uri[len("sqlite:///") :].split("?", 1)[0] if uri.startswith("sqlite:///") else ""
-    return Path(unquote(path)) if path and path != ":memory:" else None
 
 
 def experiment_id(client, name: str, uri: str, launch_dir: Path) -> str:

@@ -40,7 +40,8 @@ from reflact.running.rundir import TraceRecords, recorded_requests
 from reflact.text import one_line
 from reflact.tracking.mirror import Batch, Mirror
 from reflact.tracking.process import End, Opening, RunContext, Start
-from reflact.tracking.store import Store, first_use, mlflow_defaults, mlflow_globals_at, sqlite_path, traced_requests
+from reflact.tracking.sqlite import first_use, sqlite_path
+from reflact.tracking.store import Store, mlflow_defaults, mlflow_globals_at, traced_requests
 
 log = logging.getLogger("reflact")
 # events written together: one metrics request per batch, not per minibatch; short, so that the
@@ -169,8 +170,9 @@ class Tracker:
 
     def end(self, end: End) -> str:
         """Catches up, checks every trace reached the store when MLflow's tracer wrote them (it
-        only logs a failed export), ends the run; retried until the store has not answered for the
-        deadline. An empty answer when it ended, else the last failure."""
+        only logs a failed export), ends the run; retried until the store has failed for the
+        deadline, then the run's status alone (`_abandon`). An empty answer when it ended, else
+        the last failure."""
         self.backoff.answered_at = time.monotonic()  # the store gets the deadline from the run's end on
         while True:
             try:
@@ -178,8 +180,7 @@ class Tracker:
                 assert self.mirror is not None  # flush opened it
                 if self.mirror.store.tracer_used:  # a write of our own raises when it fails
                     self._resend_lost_traces()
-                self.mirror.end(end.summary, end.status, last=self.unwritten)
-                self.unwritten = Batch()
+                self.mirror.end(end.summary, end.status, end.ended_ms, last=self.unwritten)
                 record = {"run_id": self.mirror.store.run_id, "tracking_uri": self.uri, "status": end.status}
                 self.context.run_dir.write_mlflow_record({**record, "digest": end.digest})
                 return ""
@@ -187,8 +188,19 @@ class Tracker:
                 self.backoff.failed(exc, self.send)
             pause = max(self.backoff.next_at - time.monotonic(), 0.0)
             if time.monotonic() + pause >= self.backoff.answered_at + end.deadline_s:
+                self._abandon(end)
                 return self.backoff.failing
             time.sleep(pause)
+
+    def _abandon(self, end: End) -> None:
+        """The run's status, and what it lacks, when the rest of its end cannot be written (an
+        artifact store refusing files, say): never left RUNNING while the store answers."""
+        if self.mirror is None:
+            return
+        try:
+            self.mirror.abandon(end.status, end.ended_ms, self.backoff.failing)
+        except Exception:  # noqa: BLE001  # the store fails altogether: relog's, as the warning says
+            return
 
     def _resend_lost_traces(self) -> None:
         assert self.mirror is not None
@@ -197,16 +209,21 @@ class Tracker:
         self.mirror.store.traces(lost, self.context.cfg.optimizer.model)
 
 
+# the client's calls that return although their write failed: MLflow's tracer exports the trace
+# and only logs a failure (reflact checks these traces at the end: Tracker._resend_lost_traces)
+UNCHECKED = ("start_trace", "end_trace")
+
+
 class Answering:
-    """The store's client, telling the parent each time the store answered (its deadline counts
-    the store's silence, not the work of a long catch-up)."""
+    """The store's client, telling the parent each time the store answered: whether the store is
+    failing decides how long the run's end waits for it (reflact.tracking.live)."""
 
     def __init__(self, client, send: Callable[[dict], None]) -> None:
         self._client, self._send = client, send
 
     def __getattr__(self, name: str):
         attribute = getattr(self._client, name)
-        if not callable(attribute):
+        if not callable(attribute) or name in UNCHECKED:
             return attribute
 
         def answered(*args, **kwargs):
@@ -236,7 +253,7 @@ class _Messages:
         if frame:
             return pickle.loads(frame)
         self.frames.put(frame)  # stdin stays ended: an idle tracker then ends too
-        return End(None, "KILLED", "", ORPHAN_S)
+        return End(None, "KILLED", "", ORPHAN_S, int(time.time() * 1000))
 
 
 def _serve(inbox: _Messages, send) -> None:
@@ -246,7 +263,7 @@ def _serve(inbox: _Messages, send) -> None:
     while True:
         message = inbox.get()
         if isinstance(message, Opening):
-            _open(message.uri)
+            _open(message.uri, send)
         elif isinstance(message, Start):
             _track(message, inbox, send)
         else:  # an end before any run was known, or stdin closed: the launching process is done
@@ -283,12 +300,14 @@ def _warm() -> None:
         import mlflow.tracking  # noqa: F401
 
 
-def _open(uri: str) -> None:
+def _open(uri: str, send) -> None:
     """What writing to the store needs, ahead of the run's first write: SQLAlchemy's store for a
-    database; a local sqlite file is also opened (its engine and schema check, a fresh file's
-    migrations), which MLflow keeps for the next client of the same URI. A server is not asked
-    here: one that hangs gets the run's deadline, which counts from the run's start message on.
-    A failure is left to the first write, which retries it and reports it."""
+    database; a local sqlite file is also opened (its engine and schema check), a fresh one
+    migrated aside first while the run is told so (reflact.tracking.sqlite: the run's end does
+    not stop a tracker that migrates), and MLflow keeps it open for the next client of the same
+    URI. A server is not asked here: one that hangs gets the run's deadline, which counts from
+    the run's start message on. A failure is left to the first write, which retries it and
+    reports it."""
     if urlsplit(uri).scheme.split("+", 1)[0] not in SQL_SCHEMES:
         return
     with one_at_a_time():
@@ -297,7 +316,7 @@ def _open(uri: str) -> None:
     if sqlite_path(uri) is None:
         return
     try:
-        with first_use(uri):  # a fresh file is migrated by one process at a time
+        with first_use(uri, lambda migrating: send({"migrating": migrating})):
             MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments(max_results=1)
     except Exception:  # noqa: BLE001  # the run's own writes meet it again, with retries
         return
