@@ -49,6 +49,8 @@ def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | No
             if context.cfg.mlflow.trace_calls:
                 mirror.store.traces(recorded_requests(TraceRecords(rd).of()), context.cfg.optimizer.model)
             mirror.end(summary, status, int(summary.get("times", {}).get("ended_at", time.time()) * 1000))
+    except UserError:  # a store no retry opens (half-migrated): what to do, in one line
+        raise
     except Exception as exc:  # the store's failure, in one line
         log.warning("MLflow logging to %s failed: %s", uri, one_line(exc))
         return None

@@ -50,6 +50,7 @@ class RecordedMirror:
         self.store.writes.append((time.monotonic(), "log", [row[0] for row in batch.rows]))
 
     def end(self, summary, status, end_ms=None, last=None) -> None:
+        self.ended_ms = end_ms
         self.store.writes.append((time.monotonic(), "end", [row[0] for row in (last or Batch()).rows]))
 
 

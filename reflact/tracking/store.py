@@ -173,9 +173,9 @@ class Store:
 
         self.uri = uri
         with first_use(uri):  # a fresh local store is migrated first
-            self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-            self._tracing = TracingClient(uri)
             try:
+                self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+                self._tracing = TracingClient(uri)
                 self.experiment_id = experiment_id(self.client, experiment, uri, launch_dir)
             except Exception as exc:
                 opening_failed(uri, exc)  # a half-migrated store, in one line

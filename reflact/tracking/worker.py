@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import IO
 from urllib.parse import urlsplit
 
+from reflact.errors import UserError
 from reflact.imports import one_at_a_time
 from reflact.running.events import MinibatchEnded, Planned, Replied
 from reflact.running.rundir import TraceRecords, recorded_requests
@@ -184,6 +185,9 @@ class Tracker:
                 record = {"run_id": self.mirror.store.run_id, "tracking_uri": self.uri, "status": end.status}
                 self.context.run_dir.write_mlflow_record({**record, "digest": end.digest})
                 return ""
+            except UserError as exc:  # a store no retry opens (half-migrated): said at once
+                self.backoff.failed(exc, self.send)
+                return self.backoff.failing
             except Exception as exc:  # retried until the deadline
                 self.backoff.failed(exc, self.send)
             pause = max(self.backoff.next_at - time.monotonic(), 0.0)
