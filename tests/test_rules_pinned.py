@@ -11,6 +11,7 @@ import signal
 import threading
 from contextlib import closing
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -246,27 +247,83 @@ def test_the_fingerprint_holds_the_draws_sample_index(tmp_path, server):
     assert [o.status for o in again] == ["reused", "reused"] and server.count == 2
 
 
-@pytest.mark.parametrize("statuses,failed,parent", [
+def job_dirs(sweep_dir: Path, records: list[str], uri: str = "sqlite:///s.db") -> None:
+    """A sweep dir's job dirs, each with its MLflow record: "FINISHED", or "INCOMPLETE:FAILED" (its
+    MLflow run not written whole, the run itself FAILED), or "RUNNING" (its process killed)."""
+    from reflact.running.rundir import RunDir
+
+    for number, record in enumerate(records):
+        status, _, own = record.partition(":")
+        rd = RunDir(sweep_dir / f"reflect.seed={number}")
+        rd.root.mkdir(parents=True)
+        rd.write_mlflow_record({"run_id": str(number), "tracking_uri": uri, "status": status,
+                                **({"run_status": own} if own else {})})
+        if status != "RUNNING":
+            rd.write_summary({"counts": {"calls": 2, "edits_kept": number, "cost_usd": 0.5}})
+
+
+class ParentStore:
+    """What status_of_children writes to the parent run."""
+
+    uri = "sqlite:///s.db"
+    run_id = "parent"
+
+    def __init__(self) -> None:
+        self.tags: dict = {}
+        self.client = SimpleNamespace(get_run=lambda run_id: SimpleNamespace(data=SimpleNamespace(tags=self.tags)),
+                                      delete_tag=lambda run_id, key: self.tags.pop(key))
+
+    def log_metrics(self, rows, at_ms, tags=None):
+        self.metrics = {key: value for key, value, _ in rows}
+        self.tags.update(tags or {})
+
+
+@pytest.mark.parametrize("records,failed,parent", [
     (["FINISHED", "KILLED", "FINISHED"], False, "KILLED"),
     (["FAILED", "KILLED"], True, "KILLED"),  # a stopped job says more than a failed one
     (["FINISHED", "FAILED"], False, "FAILED"),
-    (["FINISHED", "RUNNING"], False, "FAILED"),  # a job that never ended is no result
-    (["FINISHED", "FINISHED"], True, "FAILED"),  # a job without a run, or the sweep aborted
+    (["FINISHED", "RUNNING"], False, "KILLED"),  # a job whose process died before its end
+    (["FINISHED", "FINISHED"], True, "FAILED"),  # a job without a run dir, or the sweep aborted
     (["FINISHED", "FINISHED"], False, "FINISHED"),
+    (["FINISHED", "INCOMPLETE:FINISHED"], False, "FINISHED"),  # MLflow lacks a job that finished
+    (["FINISHED", "INCOMPLETE:FAILED"], False, "FAILED"),
 ])
-def test_a_sweep_parent_is_killed_when_a_job_was_killed(monkeypatch, tmp_path, statuses, failed, parent):
-    import pandas as pd
-
+def test_a_sweep_parents_status_and_counts_come_from_its_job_dirs(tmp_path, records, failed, parent):
+    """Not from what the store holds: after an outage it held 3 runs of 9 jobs, RUNNING ones counted FAILED."""
     from reflact.running.rundir import SweepDir
-    from reflact.sweeps import grid_report, sweep
+    from reflact.sweeps import sweep
+    from reflact.sweeps.jobs import NEEDS_RELOG_TAG, sweep_jobs
 
-    class Store:
-        client = None
+    job_dirs(tmp_path, records)
+    store = ParentStore()
+    jobs = sweep_jobs(SweepDir(tmp_path), store.uri)
+    assert sweep.status_of_children(store, jobs, SweepDir(tmp_path), failed) == parent
+    statuses = [r.split(":")[-1] if r != "RUNNING" else "KILLED" for r in records]
+    assert store.metrics["jobs"] == len(records)
+    assert [store.metrics[f"jobs_{s}"] for s in ("finished", "failed", "killed")] == [
+        statuses.count(s) for s in ("FINISHED", "FAILED", "KILLED")]
+    summarised = [r for r in records if r != "RUNNING"]
+    assert store.metrics["calls_sum"] == 2 * len(summarised)  # what was spent counts every job
+    unlogged = sum(r.startswith("INCOMPLETE") for r in records)  # a killed job's dir has nothing to relog
+    if unlogged:
+        assert store.tags[NEEDS_RELOG_TAG].startswith(f"{unlogged} of {len(records)} jobs not wholly in MLflow")
+        assert store.tags[NEEDS_RELOG_TAG].endswith(f"python -m reflact.relog {tmp_path} writes them and this "
+                                                    "sweep's figures")
+    else:
+        assert NEEDS_RELOG_TAG not in store.tags
 
-        def log_metrics(self, rows, at_ms):
-            self.metrics = dict((key, value) for key, value, _ in rows)
 
-    monkeypatch.setattr(grid_report, "sweep_runs", lambda client, sweep_id: pd.DataFrame({"status": statuses}))
-    store = Store()
-    assert sweep.status_of_children(store, SweepDir(tmp_path), failed) == parent
-    assert store.metrics["jobs"] == len(statuses) and store.metrics["jobs_killed"] == statuses.count("KILLED")
+def test_a_repaired_sweep_parent_drops_what_it_said_was_missing(tmp_path):
+    from reflact.running.rundir import SweepDir
+    from reflact.sweeps import sweep
+    from reflact.sweeps.jobs import NEEDS_RELOG_TAG, NOTE_TAG, sweep_jobs
+
+    job_dirs(tmp_path, ["FINISHED", "INCOMPLETE:FINISHED"])
+    store = ParentStore()
+    sweep.status_of_children(store, sweep_jobs(SweepDir(tmp_path), store.uri), SweepDir(tmp_path), False)
+    assert store.tags[NOTE_TAG] == store.tags[NEEDS_RELOG_TAG]  # the description says it too
+    (tmp_path / "reflect.seed=1" / "mlflow_run.json").write_text(
+        json.dumps({"run_id": "1", "tracking_uri": store.uri, "status": "FINISHED"}))  # relogged
+    sweep.status_of_children(store, sweep_jobs(SweepDir(tmp_path), store.uri), SweepDir(tmp_path), False)
+    assert NEEDS_RELOG_TAG not in store.tags and NOTE_TAG not in store.tags
+    assert store.metrics["jobs_finished"] == 2

@@ -434,13 +434,22 @@ class SweepDir:
         return (self.root / "sweep.json").is_file() or (self.root / "mlflow_parent.json").is_file()
 
     def runs(self) -> list[RunDir]:
-        """Its jobs' run dirs that got as far as their summary, by path. A job folder is named after
-        its overrides, so a value with a slash (data.dir=/data/x) nests it deeper: all levels are
-        searched, but not inside a run dir."""
+        """Its jobs' run dirs that got as far as their summary, by path."""
+        return self._holding(SUMMARY)
+
+    def jobs(self) -> list[RunDir]:
+        """Its jobs' run dirs that got as far as their summary or their MLflow run's end (a job
+        stopped before its summary), by path."""
+        return self._holding(SUMMARY, MLFLOW_RUN)
+
+    def _holding(self, *names: str) -> list[RunDir]:
+        """The folders below it holding one of `names`. A job folder is named after its overrides,
+        so a value with a slash (data.dir=/data/x) nests it deeper: all levels are searched, but
+        not inside a run dir."""
         found = []
         for folder, subfolders, files in os.walk(self.root):
             subfolders.sort()
-            if SUMMARY in files and Path(folder) != self.root:
+            if not set(names).isdisjoint(files) and Path(folder) != self.root:
                 found.append(RunDir(Path(folder)))
                 subfolders.clear()
         return found

@@ -26,6 +26,7 @@ from reflact.config import unchanging
 from reflact.errors import JobFailed, UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
 from reflact.running.rundir import SweepDir
+from reflact.text import one_line
 from reflact.tracking.store import now_ms
 
 log = logging.getLogger("reflact")
@@ -70,15 +71,34 @@ class MlflowSweep(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep = SweepDir(_where(config)[0])
         failed = sweep.failed_jobs()
-        if self._open is not None:
-            from reflact.sweeps.grid_report import report_sweep
-
-            store, _ = self._open
-            report_sweep(store.client, sweep.parent_record()["sweep_id"], sweep.report, store.run_id)
-            self._end(status_of_children(store, sweep, failed=bool(failed)))
+        missing = self._end_parent(config, sweep, bool(failed)) if config.mlflow.enabled else ""
         if failed:
             print(f"reflact: sweep failed: {failed_jobs_line(failed, sweep)}", file=sys.stderr)
+        if missing:  # the last line: what MLflow lacks, and the one command that writes it
+            print(f"reflact: sweep {sweep.root}: {missing}", file=sys.stderr)
+        if failed:
             raise SystemExit(1)  # not an Exception: Hydra would only warn
+
+    def _end_parent(self, config: DictConfig, sweep: SweepDir, failed: bool) -> str:
+        """Ends the parent run with the status and counts of its job dirs and the grid report;
+        returns what MLflow lacks of the sweep, with the command that writes it ("" when nothing)."""
+        from reflact.sweeps.grid_report import report_sweep
+        from reflact.sweeps.jobs import needs_relog, sweep_jobs
+        from reflact.tracking.store import tracking_uri
+
+        uri = self._open[0].uri if self._open is not None else tracking_uri(_typed(config), Path.cwd())
+        jobs = sweep_jobs(sweep, uri)
+        if self._open is None:  # the store failed as the sweep started: the parent is missing too
+            return needs_relog(jobs, sweep.root, parent=False)
+        store, _ = self._open
+        try:
+            report_sweep(store.client, sweep.parent_record()["sweep_id"], sweep.report, store.run_id)
+            self._end(status_of_children(store, jobs, sweep, failed))
+        except Exception as exc:  # the store failed at the sweep's end: the parent too is relog's
+            self._open = None
+            log.warning("the sweep's MLflow parent run could not be ended: %s", one_line(exc))
+            return needs_relog(jobs, sweep.root, parent=False)
+        return needs_relog(jobs, sweep.root)
 
     def _start_parent(self, config: DictConfig, sweep_dir: Path, launch_dir: Path, fixed: dict, swept: dict) -> None:
         from reflact.tracking.store import Store, sweep_id, tracking_uri
@@ -101,9 +121,11 @@ class MlflowSweep(Callback):
 
     def _end_if_open(self) -> None:
         if self._open is not None:
+            from reflact.sweeps.jobs import sweep_jobs
+
             store, sweep = self._open
             try:
-                self._end(status_of_children(store, sweep, failed=True))
+                self._end(status_of_children(store, sweep_jobs(sweep, store.uri), sweep, failed=True))
             except Exception as exc:  # the process is ending: say so, do not raise
                 log.warning("could not end the sweep's MLflow parent run %s: %s", store.run_id, exc)
 
@@ -184,31 +206,25 @@ def failed_jobs_line(failed: list[dict], sweep: SweepDir) -> str:
     )
 
 
-def status_of_children(store, sweep: SweepDir, failed: bool) -> str:
-    """KILLED if a job was stopped; FAILED if one failed (`failed`: also one without a run, or the
-    sweep aborted); else FINISHED.
-    Also logs the parent's metrics over its jobs, so a collapsed sweep still charts."""
-    from reflact.sweeps.grid_report import finished, sweep_runs
+def status_of_children(store, jobs: list, sweep: SweepDir, failed: bool) -> str:
+    """The parent's status from its job dirs (reflact.sweeps.jobs), never from what the store holds:
+    KILLED if a job was stopped; FAILED if one failed (`failed`: also one without a run dir, or the
+    sweep aborted); else FINISHED. Also logs the parent's counts and figures over its jobs, so a
+    collapsed sweep still charts, and says on the parent (a tag, its description) which jobs
+    MLflow lacks and the command that writes them (removed once nothing is missing)."""
+    from reflact.sweeps.jobs import NEEDS_RELOG_TAG, NOTE_TAG, needs_relog, parent_metrics, parent_status
 
-    runs = sweep_runs(store.client, sweep.parent_record().get("sweep_id", ""))
-    statuses = list(runs["status"]) if "status" in runs else []
-    metrics: dict[str, float] = {
-        "jobs": len(statuses),
-        **{f"jobs_{s.lower()}": statuses.count(s) for s in ("FINISHED", "FAILED", "KILLED")},
-    }
-    # what was spent counts every job; a mean is over the finished ones (a failed job's figures are no result)
-    for key, how, over in (
-        ("cost_usd", "sum", runs),
-        ("spent_usd", "sum", runs),
-        ("calls", "sum", runs),
-        *((key, "mean", finished(runs)) for key in ("edits_kept", "apply_share", "redundancy", "agreement")),
-    ):
-        if key in over and over[key].notna().any():
-            metrics[f"{key}_{how}"] = float(getattr(over[key], how)())
-    store.log_metrics([(k, float(v), 0) for k, v in metrics.items()], now_ms())
-    if "KILLED" in statuses:
-        return "KILLED"
-    return "FAILED" if failed or "FAILED" in statuses or "RUNNING" in statuses else "FINISHED"
+    dirs = {str(job.run_dir) for job in jobs}
+    without_dir = [r for r in sweep.failed_jobs() if str(Path(str(r.get("run_dir", ""))).resolve()) not in dirs]
+    missing = needs_relog(jobs, sweep.root)
+    tags = {NEEDS_RELOG_TAG: missing, NOTE_TAG: missing} if missing else {}
+    store.log_metrics([(k, float(v), 0) for k, v in parent_metrics(jobs, len(without_dir)).items()], now_ms(), tags)
+    held = {} if missing else store.client.get_run(store.run_id).data.tags
+    if NEEDS_RELOG_TAG in held:  # repaired: what the parent said is no longer so
+        if held.get(NOTE_TAG) == held[NEEDS_RELOG_TAG]:  # the description was that, not the user's
+            store.client.delete_tag(store.run_id, NOTE_TAG)
+        store.client.delete_tag(store.run_id, NEEDS_RELOG_TAG)
+    return parent_status(jobs, failed)
 
 
 def _typed(config: DictConfig):

@@ -97,7 +97,8 @@ class LiveRun:
             self._hand_back()
             return self.run_id
         self._warn(failure)
-        incomplete = {"run_id": self.run_id, "tracking_uri": self.uri, "status": "INCOMPLETE"}
+        # the run's own status too: a sweep's parent counts its jobs from their dirs (reflact.sweeps.jobs)
+        incomplete = {"run_id": self.run_id, "tracking_uri": self.uri, "status": "INCOMPLETE", "run_status": status}
         self.context.run_dir.write_mlflow_record(incomplete)
         return None
 
