@@ -101,21 +101,12 @@ class MlflowSweep(Callback):
         return needs_relog(jobs, sweep.root)
 
     def _start_parent(self, config: DictConfig, sweep_dir: Path, launch_dir: Path, fixed: dict, swept: dict) -> None:
-        from reflact.tracking.store import Store, sweep_id, tracking_uri
+        from reflact.tracking.store import Store, tracking_uri
 
         cfg = _typed(config)
         store = Store(tracking_uri(cfg, launch_dir), cfg.mlflow.experiment, launch_dir)
         sweep = SweepDir(sweep_dir)
-        known = sweep.parent_record()
-        if known.get("tracking_uri") == store.uri and _alive(store, known["run_id"]):
-            store.run_id = known["run_id"]
-            store.client.update_run(store.run_id, status="RUNNING")  # the same sweep again: resume its parent
-        else:
-            sid = sweep_id(sweep_dir, launch_dir)
-            store.create(f"sweep {config.name}", {"reflact.sweep_id": sid, "reflact.sweep_parent": "true"}, now_ms())
-            sweep.write_parent_record({"run_id": store.run_id, "tracking_uri": store.uri, "sweep_id": sid})
-            store.log_params({**fixed, **{key: ",".join(values) for key, values in swept.items()}})
-            log.info("MLflow parent run %s for sweep %s", store.run_id, sid)
+        open_parent(store, sweep, launch_dir, str(config.name), {**fixed, **_listed(swept)})
         self._open = (store, sweep)
         atexit.register(self._end_if_open)  # a sweep that aborts (a failed job, Ctrl-C) still ends its parent
 
@@ -134,6 +125,28 @@ class MlflowSweep(Callback):
         store, _ = self._open
         self._open = None
         store.end(status, now_ms())
+
+
+def open_parent(store, sweep: SweepDir, launch_dir: Path, name: str, params: dict[str, str]) -> None:
+    """The sweep's parent run in `store` (its id then `store.run_id`), RUNNING: the one its dir
+    names when that is still there (the same sweep again), else a new one, named in the dir."""
+    from reflact.tracking.store import sweep_id
+
+    known = sweep.parent_record()
+    if known.get("tracking_uri") == store.uri and _alive(store, known["run_id"]):
+        store.run_id = known["run_id"]
+        store.client.update_run(store.run_id, status="RUNNING")
+        return
+    sid = sweep_id(sweep.root, launch_dir)
+    store.create(f"sweep {name}", {"reflact.sweep_id": sid, "reflact.sweep_parent": "true"}, now_ms())
+    sweep.write_parent_record({"run_id": store.run_id, "tracking_uri": store.uri, "sweep_id": sid})
+    store.log_params(params)
+    log.info("MLflow parent run %s for sweep %s", store.run_id, sid)
+
+
+def _listed(swept: dict[str, list[str]]) -> dict[str, str]:
+    """The swept keys as params: each its values, comma-separated."""
+    return {key: ",".join(values) for key, values in swept.items()}
 
 
 def sweep_settings(config: DictConfig) -> tuple[dict[str, str], dict[str, list[str]]]:
