@@ -92,7 +92,7 @@ def settings(run_dirs: list[Path], matcher: str | None, overrides: list[str]) ->
         from omegaconf import OmegaConf
         from omegaconf.errors import OmegaConfBaseException
 
-    from reflact.analysis.records import saved_yaml
+    from reflact.analysis.records import saved_config
     from reflact.config import _check_analysis, _price, literal, register, typed
 
     register()  # a saved config names shipped files as ${shipped:...}
@@ -101,7 +101,7 @@ def settings(run_dirs: list[Path], matcher: str | None, overrides: list[str]) ->
         if not item.startswith(("analysis.", "optimizer.")) or "=" not in item:
             raise UserError(f"--set {item}: give KEY=VALUE with a key under analysis. or optimizer.")
     try:
-        base = typed(saved_yaml(saved)) if saved else ReflactConfig()
+        base = typed(saved_config(saved)) if saved else ReflactConfig()
     except OmegaConfBaseException as exc:
         raise UserError(f"{saved}: damaged ({_first_line(exc)})") from None
     try:

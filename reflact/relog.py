@@ -7,19 +7,27 @@ there). Nothing is called and nothing in the run dir changes but its record of t
 The run is written by the same code as live tracking, from the run dir's records, so it holds
 the same names and values, every request's trace included (from the run dir's traces.jsonl). A
 job of a sweep is attached to the sweep's parent run again when that run is in the same store.
+Every record is read and checked before the MLflow run is created: a damaged one is one line and
+exit code 2 with no run created (a damaged trace record is left out, with one line), so a run
+relog opens is one it can finish.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import time
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reflact.errors import UserError, exits_on_user_error
 from reflact.running.rundir import HYDRA, SUMMARY, RunDir, SweepDir, TraceRecords, recorded_requests
+
+if TYPE_CHECKING:
+    from reflact.tracking.process import RunContext
 
 log = logging.getLogger("reflact")
 
@@ -27,8 +35,6 @@ log = logging.getLogger("reflact")
 def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | None:
     """Logs the run dir as a new MLflow run (replacing the one it had); returns its id, or None
     (with a warning) when tracking failed."""
-    from reflact.analysis.records import finished_summary
-    from reflact.running.summary import run_status
     from reflact.text import one_line
     from reflact.tracking.mirror import Mirror
     from reflact.tracking.store import Store, mlflow_globals_at
@@ -36,41 +42,73 @@ def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | No
     rd = RunDir(run_dir.resolve())
     if rd.summary() is None or not (rd / HYDRA / "config.yaml").is_file():
         raise UserError(f"{run_dir}: not a finished run dir ({SUMMARY} and {HYDRA}/config.yaml are needed)")
-    summary = finished_summary(rd.root)  # the shape the stage writes, or one line naming the damage
-    context = _context(rd, launch_dir, tracking_uri, summary)
-    outcomes = _outcomes(summary)
-    status, _ = run_status(summary["counts"], context.cfg, outcomes, rd.root)
-    uri = context.cfg.mlflow.tracking_uri
+    read = _read(rd, launch_dir, tracking_uri)  # everything, checked, before a run is created
+    uri = read.uri
+    mirror = None
     try:
         with mlflow_globals_at(uri):
-            mirror = Mirror(Store(uri, context.cfg.mlflow.experiment, launch_dir), context)
+            mirror = Mirror(Store(uri, read.context.cfg.mlflow.experiment, launch_dir), read.context)
             run_id = mirror.open()
-            mirror.write(_events(rd, summary, outcomes))
-            if context.cfg.mlflow.trace_calls:
-                mirror.store.traces(recorded_requests(TraceRecords(rd).of()), context.cfg.optimizer.model)
-            mirror.end(summary, status, int(summary.get("times", {}).get("ended_at", time.time()) * 1000))
+            mirror.write(read.events)
+            if read.context.cfg.mlflow.trace_calls:
+                mirror.store.traces(read.requests, read.context.cfg.optimizer.model)
+            mirror.end(read.summary, read.status, read.ended_ms)
     except UserError:  # a store no retry opens (half-migrated): what to do, in one line
         raise
     except Exception as exc:  # the store's failure, in one line
         log.warning("MLflow logging to %s failed: %s", uri, one_line(exc))
+        if mirror is not None and mirror.store.run_id:  # its status, and what it lacks: never left RUNNING
+            with contextlib.suppress(Exception):
+                mirror.abandon(read.status, read.ended_ms, one_line(exc))
         return None
-    rd.write_mlflow_record({"run_id": run_id, "tracking_uri": uri, "status": status})
+    rd.write_mlflow_record({"run_id": run_id, "tracking_uri": uri, "status": read.status})
     return run_id
+
+
+@dataclass
+class Read:
+    """What relog logs, read from the run dir and checked."""
+
+    context: RunContext
+    uri: str  # the store: --tracking-uri, else the run's own
+    summary: dict
+    status: str
+    events: list
+    requests: list  # the trace records, as the events their traces are written from
+    ended_ms: int
+
+
+def _read(rd: RunDir, launch_dir: Path, tracking_uri: str | None) -> Read:
+    """Every file relog reads (its summary, saved config and Hydra's, analysis, kept items, patches
+    and trace records), checked: a damaged one is one line before any MLflow run exists."""
+    from reflact.analysis.records import check_kept_items, checked_analysis, loggable_summary
+    from reflact.running.summary import run_status
+
+    summary = loggable_summary(rd.root)  # the shape the stage writes, or one line naming the damage
+    context = _context(rd, launch_dir, tracking_uri, summary)
+    outcomes = _outcomes(summary, context.cfg, rd)
+    status, _ = run_status(summary["counts"], context.cfg, outcomes, rd.root)
+    checked_analysis(rd.root)
+    check_kept_items(rd.root)
+    records = TraceRecords(rd)
+    requests = recorded_requests(records.of(), records.path) if context.cfg.mlflow.trace_calls else []
+    ended_ms = int(summary.get("times", {}).get("ended_at", time.time()) * 1000)
+    uri = str(context.cfg.mlflow.tracking_uri)  # _context set it
+    return Read(context, uri, summary, status, _events(rd, summary, outcomes), requests, ended_ms)
 
 
 def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: dict):
     """The run's context from its saved config (its dataset and templates when still there)."""
     from reflact import config
-    from reflact.analysis.records import saved_yaml
+    from reflact.analysis.records import saved_config, saved_hydra
     from reflact.tracking.process import RunContext
     from reflact.tracking.store import tracking_uri as default_uri
 
     config.register()
-    cfg, params = config.from_hydra(saved_yaml(rd / HYDRA / "config.yaml"))
+    cfg, params = config.from_hydra(saved_config(rd / HYDRA / "config.yaml"))
     cfg.mlflow.tracking_uri = tracking_uri or default_uri(cfg, launch_dir)
     hydra_yaml = rd / HYDRA / "hydra.yaml"
-    hc = saved_yaml(hydra_yaml).hydra if hydra_yaml.is_file() else None
-    multirun = hc is not None and str(hc.mode) == "MULTIRUN"
+    multirun, overrides, job = saved_hydra(hydra_yaml) if hydra_yaml.is_file() else (False, (), None)
     sweep_dir = _sweep_dir(rd.root) if multirun else None
     dataset, system = _inputs(cfg)
     return RunContext(
@@ -81,9 +119,9 @@ def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: di
         started_at=float(summary.get("times", {}).get("started_at", time.time())),
         dataset=dataset,
         system=system,
-        overrides=tuple(hc.overrides.task) if hc is not None else (),
+        overrides=overrides,
         sweep_dir=sweep_dir,
-        job=int(hc.job.num) if hc is not None and multirun else None,
+        job=job,
         template_hashes=summary["settings"].get("template_hashes"),
     )
 
@@ -117,15 +155,22 @@ def _inputs(cfg):
     return dataset, system
 
 
-def _outcomes(summary: dict) -> list:
+def _outcomes(summary: dict, cfg, rd: RunDir) -> list:
+    """The minibatches' records as the stage's outcomes; what the MLflow run needs of them beyond
+    what loggable_summary checks (a cost, for a priced model) is checked too."""
     from reflact.calls.protocol import Usage
+    from reflact.config import priced
     from reflact.running.outcome import Outcome
 
     names = {f.name for f in fields(Outcome)}
     outcomes = []
-    for record in summary["minibatches"]:
+    for number, record in enumerate(summary["minibatches"]):
+        missing = [key for key in ("cost_usd", "spent_usd") if record.get(key, 0.0) is None]
+        if missing and priced(cfg):
+            where = f"{rd / SUMMARY}: minibatches[{number}].{missing[0]}"
+            raise UserError(f"{where} is damaged (null for a priced model)")
         kept = {k: v for k, v in record.items() if k in names}
-        outcomes.append(Outcome(**{**kept, "usage": Usage(**record.get("usage", {}))}))
+        outcomes.append(Outcome(**{**kept, "usage": Usage(**record["usage"])}))
     return outcomes
 
 
@@ -133,7 +178,7 @@ def _events(rd: RunDir, summary: dict, outcomes: list) -> list:
     from reflact.prompting.plan import Minibatch, parse_tag
     from reflact.running.events import MinibatchEnded, Planned
 
-    plan = [
+    plan = [  # loggable_summary checked that each tag is its group's and index's
         Minibatch(record["group"], record["index"], [], (parse_tag(record["tag"]) or ("", 0, 0))[2])
         for record in summary["minibatches"]
     ]

@@ -11,6 +11,12 @@ def one_line(value: object, limit: int = ONE_LINE) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def shown(value: object, limit: int = 40) -> str:
+    """A value read back from a file, as a message quotes it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
     """The lines of a markdown table; a `|` inside a cell is escaped."""
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

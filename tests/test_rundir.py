@@ -181,17 +181,17 @@ def test_trace_records_keep_each_requests_latest_and_leave_damage_out(tmp_path):
 
     run_dir = RunDir(tmp_path)
     reply = Reply("{}", "stop", Usage(prompt=10, completion=2), 1.5, started_at=100.0)
-    first = Replied("mb_a", 0, [{"role": "user", "content": "café"}], None, "HTTP 500", ended_at=101.0)
-    again = Replied("mb_a", 0, [{"role": "user", "content": "café"}], reply, cost_usd=0.01, ended_at=102.0)
-    other = Replied("mb_b", 0, [{"role": "user", "content": "b"}], reply, ended_at=103.0)
+    first = Replied("minibatch_fail_000", 0, [{"role": "user", "content": "café"}], None, "HTTP 500", ended_at=101.0)
+    again = Replied("minibatch_fail_000", 0, [{"role": "user", "content": "café"}], reply, cost_usd=0.01, ended_at=102.0)
+    other = Replied("minibatch_fail_001", 0, [{"role": "user", "content": "b"}], reply, ended_at=103.0)
     for event in (first, other, again):
         append_trace(run_dir, trace_record(event))
     with open(tmp_path / "traces.jsonl", "a") as handle:
-        handle.write('{"tag": "mb_c", "number": 0, "ended_at": 1}\n')  # no messages
+        handle.write('{"tag": "minibatch_fail_002", "number": 0, "ended_at": 1}\n')  # no messages
         handle.write("[1, 2]\n")
-        handle.write('{"tag": "mb_d", "number": 0, "mess')  # cut by a kill
+        handle.write('{"tag": "minibatch_fail_003", "number": 0, "mess')  # cut by a kill
     records = TraceRecords(run_dir)
-    assert recorded_requests(records.of({"mb_a"})) == [again]
+    assert recorded_requests(records.of({"minibatch_fail_000"})) == [again]
     assert recorded_requests(records.of()) == [other, again]
-    assert [r["tag"] for r in records.of()] == ["mb_b", "mb_a", "mb_c"]
+    assert [r["tag"] for r in records.of()] == ["minibatch_fail_001", "minibatch_fail_000", "minibatch_fail_002"]
     assert TraceRecords(RunDir(tmp_path / "none")).of() == []

@@ -19,7 +19,7 @@ from reflact.config import ReflectConfig
 from reflact.groups import GROUPS, failed, named, tagged
 from reflact.inputs.dataset import Result
 
-_TAG = re.compile(r"minibatch_(fail|succ)_(\d+)(?:\.d(\d+))?")
+_TAG = re.compile(r"minibatch_(fail|succ)_(\d{1,9})(?:\.d(\d{1,9}))?", re.ASCII)  # ASCII digits, an int() can read
 
 
 @dataclass(frozen=True)
@@ -78,3 +78,11 @@ def parse_tag(tag: str) -> tuple[str, int, int] | None:
     if found is None:
         return None
     return tagged(found.group(1)).name, int(found.group(2)), int(found.group(3) or 0)
+
+
+def is_tag(name: object) -> bool:
+    """Whether a name read back from a record is a minibatch's name exactly as the plan spells it.
+    Files and folders are named after it, so anything else (`../x`, `/x`, `minibatch_fail_1`) is a
+    damaged record, never a path."""
+    where = parse_tag(name) if isinstance(name, str) else None
+    return where is not None and Minibatch(where[0], where[1], [], where[2]).tag == name

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 from collections.abc import Iterator
 from dataclasses import asdict, fields
@@ -36,8 +35,10 @@ from reflact.calls.protocol import Reply, Usage
 from reflact.config import ReflactConfig
 from reflact.errors import UserError
 from reflact.files import atomic_writer, lock_file, read_json, repair_text, write_json, write_text
+from reflact.prompting.plan import is_tag
 from reflact.running.events import Replied
 from reflact.running.outcome import Outcome
+from reflact.text import shown
 
 log = logging.getLogger("reflact")
 
@@ -49,6 +50,11 @@ MLFLOW_RUN = "mlflow_run.json"
 TRACES = "traces.jsonl"
 HYDRA = ".hydra"
 USAGE_FIELDS = {f.name for f in fields(Usage)}
+# a number read back is finite and far inside float's and SQL's limits: beyond any count, token
+# total or dollar figure a run records
+LARGEST = 1e15
+# epoch seconds read back are before 2100: as MLflow's nanoseconds they still fit 64 bits
+LATEST = 4_102_444_800.0
 
 
 class RunDir:
@@ -64,10 +70,10 @@ class RunDir:
     # ------------------------------------------------------------------ paths
 
     def patch_path(self, tag: str) -> Path:
-        return self.patches / f"{tag}.json"
+        return self.patches / f"{_named(self.root, tag)}.json"
 
     def call_dir(self, tag: str) -> Path:
-        return self.calls / tag
+        return self.calls / _named(self.root, tag)
 
     def system_path(self, tag: str) -> Path:
         return self.call_dir(tag) / "system.md"
@@ -80,6 +86,7 @@ class RunDir:
 
     def preview_paths(self, tag: str) -> tuple[Path, Path]:
         """(candidate skill, diff)."""
+        tag = _named(self.root, tag)
         return self.preview / f"{tag}.skill.md", self.preview / f"{tag}.diff"
 
     # ------------------------------------------------------------------ the stage's writes
@@ -172,7 +179,7 @@ class RunDir:
         folder = self.call_dir(tag)
         files = [(path, f"calls/{tag}") for path in sorted(folder.iterdir())] if folder.is_dir() else []
         files = [pair for pair in files if not pair[0].name.startswith(".")]
-        return files + [(self.patch_path(tag), "patches")] if with_patch else files
+        return _own(self.root, files + [(self.patch_path(tag), "patches")] if with_patch else files)
 
     def run_files(self) -> list[tuple[Path, str]]:
         """(file, artifact folder) of the run's own files and previews that exist."""
@@ -185,7 +192,7 @@ class RunDir:
             (f"{HYDRA}/overrides.yaml", "run/hydra"),
         ]
         files = [(self / name, folder) for name, folder in names if (self / name).is_file()]
-        return files + [(path, "preview") for path in sorted(self.preview.glob("*"))]
+        return _own(self.root, files + [(path, "preview") for path in sorted(self.preview.glob("*"))])
 
     def mlflow_record(self) -> dict:
         """The MLflow run this dir was logged as: run_id, tracking_uri, status, digest."""
@@ -193,6 +200,21 @@ class RunDir:
 
     def write_mlflow_record(self, record: dict) -> None:
         write_json(self / MLFLOW_RUN, record)
+
+
+def _named(root: Path, tag: str) -> str:
+    """A minibatch's name as its paths are built from: a plan tag, never a path of its own (the
+    tools check every name they read back; this holds for a name they missed)."""
+    if not is_tag(tag):
+        raise UserError(f"{root}: damaged (a record names the minibatch {shown(tag)}, which is no plan tag)")
+    return tag
+
+
+def _own(root: Path, files: list[tuple[Path, str]]) -> list[tuple[Path, str]]:
+    """The (file, artifact folder) pairs whose file is one of the run dir's own: a link to a file
+    elsewhere, or a folder linked from elsewhere, is not the run's record, and never logged."""
+    inside = root.resolve()
+    return [(path, folder) for path, folder in files if path.resolve().is_relative_to(inside)]
 
 
 # ---------------------------------------------------------------------- each request's trace record
@@ -211,28 +233,70 @@ def trace_record(event: Replied) -> dict:
     }
 
 
-def recorded_requests(records: list[dict]) -> list[Replied]:
-    """Trace records as the events their traces are written from; a damaged record is left out."""
+def recorded_requests(records: list[dict], source: Path | str = TRACES) -> list[Replied]:
+    """Trace records (read from `source`) as the events their traces are written from; a damaged
+    record (checked field by field: a trace of it would fail the whole write) is left out with one
+    line."""
     events = []
     for record in records:
-        try:
-            reply = record.get("reply")
-            if reply is not None:
-                reply = Reply(**{**reply, "usage": Usage(**reply.get("usage", {}))})
-            events.append(
-                Replied(
-                    record["tag"],
-                    record["number"],
-                    record["messages"],
-                    reply,
-                    record.get("error", ""),
-                    record.get("cost_usd", 0.0),
-                    record["ended_at"],
-                )
+        damage = _trace_damage(record)
+        if damage:
+            where = f"{shown(record['tag'])}, request {shown(record['number'])}"
+            log.warning("%s: the trace record of %s is damaged (%s); left out", source, where, damage)
+            continue
+        reply = record.get("reply")
+        if reply is not None:
+            reply = Reply(**{**reply, "usage": Usage(**reply["usage"])})
+        events.append(
+            Replied(
+                record["tag"],
+                record["number"],
+                record["messages"],
+                reply,
+                record.get("error", ""),
+                record.get("cost_usd", 0.0),
+                record["ended_at"],
             )
-        except (KeyError, TypeError, AttributeError):
-            log.info("the damaged trace record of %s, request %s, is left out", record["tag"], record["number"])
+        )
     return events
+
+
+def _trace_damage(record: dict) -> str:
+    """What is wrong with a trace record, field by field; empty when it is whole."""
+    if not is_tag(record["tag"]):
+        return "its tag is no plan tag"
+    if not _count(record["number"]):
+        return "its request number is no count"
+    if not isinstance(record.get("messages"), list) or not all(isinstance(m, dict) for m in record["messages"]):
+        return "its messages are no list of objects"
+    if not isinstance(record.get("error", ""), str) or not _amount(record.get("cost_usd", 0.0)):
+        return "its error or cost is damaged"
+    if not _seconds(record.get("ended_at")):
+        return f"ended_at {shown(record.get('ended_at'))} is no time"
+    reply = record.get("reply")
+    return "" if reply is None else _reply_damage(reply)
+
+
+_REPLY_CHECKS = {  # each field of a Reply as a trace record holds it
+    "text": lambda v: isinstance(v, str),
+    "finish_reason": lambda v: v is None or isinstance(v, str),
+    "usage": lambda v: isinstance(v, dict) and set(v) <= USAGE_FIELDS and all(map(_count, v.values())),
+    "latency_s": lambda v: _seconds(v),
+    "retries": lambda v: _count(v),
+    "from_cache": lambda v: isinstance(v, bool),
+    "structured": lambda v: isinstance(v, str),
+    "started_at": lambda v: _seconds(v),
+    "cache_key": lambda v: isinstance(v, str),
+    "estimated": lambda v: isinstance(v, bool),
+}
+_REPLY_NEEDS = ("text", "finish_reason", "usage", "latency_s")
+
+
+def _reply_damage(reply: object) -> str:
+    if not isinstance(reply, dict) or not set(_REPLY_NEEDS) <= set(reply) <= set(_REPLY_CHECKS):
+        return "its reply is not of a reply's shape"
+    wrong = next((key for key, fits in _REPLY_CHECKS.items() if key in reply and not fits(reply[key])), None)
+    return f"reply.{wrong} {shown(reply[wrong])} does not fit" if wrong else ""
 
 
 def append_trace(run_dir: RunDir, record: dict) -> None:
@@ -252,7 +316,7 @@ class TraceRecords:
     back when asked for, so a rerun of a large run dir holds none of them in memory."""
 
     def __init__(self, run_dir: RunDir) -> None:
-        self._path = run_dir / TRACES
+        self.path = run_dir / TRACES
         self._at: dict[tuple[str, str], int] | None = None  # (minibatch, request) -> its line's offset
 
     def of(self, tags: set[str] | None = None) -> list[dict]:
@@ -260,7 +324,7 @@ class TraceRecords:
         at = self._index()
         offsets = sorted(offset for (tag, _), offset in at.items() if tags is None or tag in tags)
         records = []
-        with contextlib.suppress(FileNotFoundError), open(self._path, "rb") as handle:
+        with contextlib.suppress(FileNotFoundError), open(self.path, "rb") as handle:
             for offset in offsets:
                 handle.seek(offset)
                 records.append(_trace_record(handle.readline()))
@@ -269,7 +333,7 @@ class TraceRecords:
     def _index(self) -> dict[tuple[str, str], int]:
         if self._at is None:
             self._at = {}
-            with contextlib.suppress(FileNotFoundError), open(self._path, "rb") as handle:
+            with contextlib.suppress(FileNotFoundError), open(self.path, "rb") as handle:
                 offset = 0
                 for line in handle:
                     record = _trace_record(line)
@@ -283,7 +347,7 @@ def _trace_record(line: bytes) -> dict | None:
     """A trace record, or None for a line that is not one (cut by a kill, damaged)."""
     try:
         record = json.loads(line.decode("ascii", errors="replace"))
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json can read
         return None
     return record if isinstance(record, dict) and "tag" in record and "number" in record else None
 
@@ -338,11 +402,28 @@ def _object(saved: object) -> dict | None:
 
 
 def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= LARGEST
 
 
 def _amount(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+    """A non-negative figure read back (NaN fails every comparison)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= LARGEST
+
+
+def _seconds(value: object) -> bool:
+    """A time (epoch seconds) or a duration read back; their sum stays a time MLflow can store."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= LATEST
+
+
+def _failed_job_ok(record: dict) -> bool:
+    """A failed job's record as a multirun's end names it: its number, overrides and why."""
+    overrides = record.get("overrides", [])
+    return (
+        _count(record.get("job"))
+        and isinstance(overrides, list)
+        and all(isinstance(o, str) for o in overrides)
+        and isinstance(record.get("reason", ""), str)
+    )
 
 
 def _patch_ok(saved: object) -> TypeGuard[dict]:
@@ -405,7 +486,11 @@ class SweepDir:
         self._failed = self.root / "failed_jobs"
 
     def parent_record(self) -> dict:
-        return _object(read_json(self.root / "mlflow_parent.json")) or {}
+        """The sweep's parent run (run_id, tracking_uri, sweep_id), or {} when there is none or its
+        record is damaged (a job's run is then one of its own)."""
+        record = _object(read_json(self.root / "mlflow_parent.json")) or {}
+        whole = all(isinstance(record.get(key), str) and record[key] for key in ("run_id", "tracking_uri", "sweep_id"))
+        return record if whole else {}
 
     def write_parent_record(self, record: dict) -> None:
         write_json(self.root / "mlflow_parent.json", record)
@@ -421,14 +506,18 @@ class SweepDir:
         write_json(self._failed / f"{number}.json", {"job": number, **record})
 
     def failed_jobs(self) -> list[dict]:
-        """The latest multirun's failed jobs, by number."""
-        records = [_object(read_json(path)) for path in self._failed.glob("*.json")]
-        return sorted((r for r in records if r and isinstance(r.get("job"), int)), key=lambda r: r["job"])
+        """The latest multirun's failed jobs, by number (a damaged record is left out)."""
+        records = [_object(read_json(path)) for path in self._failed_records()]
+        return sorted((r for r in records if r and _failed_job_ok(r)), key=lambda r: r["job"])
 
     def clear_failed_jobs(self) -> None:
         """A new multirun numbers its jobs afresh: the failures of the one before go."""
-        for path in self._failed.glob("*.json"):
+        for path in self._failed_records():
             path.unlink()
+
+    def _failed_records(self) -> list[Path]:
+        """The failed jobs' files: none when failed_jobs/ is a link (the sweep's own folder only)."""
+        return [] if self._failed.is_symlink() else list(self._failed.glob("*.json"))
 
     def is_sweep(self) -> bool:
         return (self.root / "sweep.json").is_file() or (self.root / "mlflow_parent.json").is_file()

@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import time
 from dataclasses import asdict
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlparse
 
 import reflact
@@ -222,15 +222,25 @@ class Store:
 
     def log_files(self, files: list[tuple[Path, str]]) -> None:
         """(file, artifact folder) pairs. A local artifact store gets hard links where it can: the
-        run dir already holds the bytes, and its files are only ever replaced, never rewritten."""
+        run dir already holds the bytes, and its files are only ever replaced, never rewritten.
+        Whatever the pairs say, nothing is written outside the run's artifacts, and a target that
+        is its source already is left alone (unlinking it would delete the source)."""
         for path, folder in files:
             if not path.is_file():
+                continue
+            if not _artifact_folder(folder):
+                log.warning("%s is not logged: the artifact folder %r leads out of the run's artifacts", path, folder)
                 continue
             if self._artifact_dir is None:
                 self.client.log_artifact(self.run_id, str(path), folder)
                 continue
             target = self._artifact_dir / folder / path.name
+            if not target.resolve().is_relative_to(self._artifact_dir.resolve()):
+                log.warning("%s is not logged: %s leads out of the run's artifacts", path, target)
+                continue
             target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists() and os.path.samefile(path, target):
+                continue  # this very file already (the source itself, or a link logged before)
             target.unlink(missing_ok=True)
             try:
                 os.link(path, target)
@@ -517,6 +527,12 @@ def experiment_id(client, name: str, uri: str, launch_dir: Path) -> str:
         if found is None:
             raise
         return found.experiment_id
+
+
+def _artifact_folder(folder: str) -> bool:
+    """A folder inside a run's artifacts: relative, and never climbing out of them."""
+    path = PurePosixPath(folder)
+    return not path.is_absolute() and ".." not in path.parts and "\\" not in folder
 
 
 def _local_dir(artifact_uri: str) -> Path | None:
