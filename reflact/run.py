@@ -137,13 +137,8 @@ def _main() -> None:
         job = hydra.main(config_path=str(shipped.conf_dir()), config_name="config", version_base="1.3")(
             lambda dict_cfg: _job(dict_cfg, spare)
         )
-        from reflact.running.newdir import Refused
-
         with callbacks_allowed(), _mode_from_command_line():
-            try:
-                job()
-            except Refused as refused:  # the run dir cannot be made (reflact.running.newdir)
-                raise refused.error from None
+            job()
     finally:
         spare.discard()  # idle: the run needed no tracking, or the last job is done
 

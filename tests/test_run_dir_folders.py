@@ -1,6 +1,6 @@
 """A run dir is made and held by its run; a mistake removes only the folders this process made,
 never a folder of the user's, one named by the environment, or one another run holds (issue 36,
-item 2). A run dir that cannot be made is one line (item 14); a mistaken rerun leaves the run's log
+item 2). A run or sweep dir that cannot be made is one line (item 14); a mistaken rerun leaves the run's log
 as it was, whatever warnings the libraries raised (item 7)."""
 
 from __future__ import annotations
@@ -123,12 +123,14 @@ def test_a_mistaken_rerun_leaves_the_runs_log_as_it_was_whatever_the_libraries_w
     assert tree(run_dir) == before
 
 
+@pytest.mark.parametrize("key", ["hydra.run.dir", "hydra.sweep.dir"])
 @pytest.mark.parametrize("where", ["afile", "afile/below"])
-def test_a_run_dir_that_is_a_file_is_one_line(tmp_path, where):
+def test_a_run_or_sweep_dir_that_is_a_file_is_one_line(tmp_path, key, where):
     (tmp_path / "afile").write_text("not a folder")
-    done = run_cli(*DRY, f"hydra.run.dir={where}", cwd=tmp_path)
+    sweep = ["-m", "reflect.minibatch_size=4,8"] if key == "hydra.sweep.dir" else []
+    done = run_cli(*sweep, *DRY, f"{key}={where}", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr == f"reflact: error: hydra.run.dir: {tmp_path / 'afile'} is a file, not a folder\n"
+    assert done.stderr == f"reflact: error: {key}: {tmp_path / 'afile'} is a file, not a folder\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 

@@ -28,7 +28,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, read_write
 
 from reflact.config import literal
-from reflact.errors import UserError, user_error_message
+from reflact.errors import UserError, exits_on_user_error, user_error_message
 
 if sys.platform != "win32":
     import fcntl
@@ -71,16 +71,6 @@ class NewDir:
         self.made, self.hold = [], None
 
 
-class Refused(BaseException):
-    """A run dir that cannot be made, raised by the callback: Hydra turns a callback's Exception
-    into a warning and goes on to a mkdir of its own (a traceback). The command line gives the
-    UserError it carries."""
-
-    def __init__(self, error: UserError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 # The run dirs FreshRunDir made or found, until their job takes them. Hydra runs a single run's
 # job in the process its callback ran in, so this memory is the proof of what was made: an
 # environment variable could be inherited, and name a folder of the user's.
@@ -88,14 +78,12 @@ _HELD: dict[Path, NewDir] = {}
 
 
 class FreshRunDir(Callback):
+    @exits_on_user_error  # a run dir that cannot be made is one line and exit 2 (Hydra only warns)
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         """Before Hydra makes the run dir (the launch dir is the cwd). Its ${now:...} is resolved
         once per config, so this is the dir Hydra uses, given back normalised."""
         root = Path(os.path.abspath(str(config.hydra.run.dir)))
-        try:
-            _HELD[root] = make(root, "hydra.run.dir")
-        except UserError as error:
-            raise Refused(error) from None
+        _HELD[root] = make(root, "hydra.run.dir")
         with read_write(config.hydra.run):
             config.hydra.run.dir = literal(str(root))
 
@@ -136,7 +124,7 @@ def _made_up_to(root: Path, key: str) -> list[Made]:
         except FileNotFoundError:
             break  # a folder above went meanwhile (another run's mistake): _shared_hold fails, make retries
         except OSError as exc:
-            raise _unusable(root, key, exc) from None
+            raise unusable(root, key, exc) from None
         if CAN_HOLD:
             made.append(_opened(folder))
     return made[::-1]
@@ -152,7 +140,7 @@ def _shared_hold(root: Path, key: str) -> int | None:
     """The run dir opened with a shared lock; None when it is not there (removed meanwhile)."""
     if not CAN_HOLD:
         if not root.is_dir():
-            raise _unusable(root, key, NotADirectoryError())
+            raise unusable(root, key, NotADirectoryError())
         return None
     try:
         fd = os.open(root, _FOLDER)
@@ -161,7 +149,7 @@ def _shared_hold(root: Path, key: str) -> int | None:
             raise UserError(f"{key}: {root} is a link to nothing") from None
         return None
     except OSError as exc:
-        raise _unusable(root, key, exc) from None
+        raise unusable(root, key, exc) from None
     fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while another run removes a folder it made
     opened = os.fstat(fd)
     with contextlib.suppress(OSError):
@@ -172,7 +160,9 @@ def _shared_hold(root: Path, key: str) -> int | None:
     return None
 
 
-def _unusable(root: Path, key: str, exc: OSError) -> UserError:
+def unusable(root: Path, key: str, exc: OSError) -> UserError:
+    """The one line for a folder that could not be made or opened: a file in its place or above it,
+    or what the system said."""
     existing = next((p for p in [root, *root.parents] if os.path.lexists(p)), root)
     if isinstance(exc, (FileExistsError, NotADirectoryError)) or not existing.is_dir():
         return UserError(f"{key}: {existing} is a file, not a folder")

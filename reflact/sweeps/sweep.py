@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from reflact.config import unchanging
 from reflact.errors import JobFailed, UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
+from reflact.running.newdir import unusable
 from reflact.running.rundir import SweepDir
 from reflact.tracking.store import now_ms
 
@@ -225,7 +226,10 @@ def _where(config: DictConfig) -> tuple[Path, Path]:
 
     HydraConfig.instance().set_config(config)  # lets `${hydra:...}` in the sweep dir resolve
     sweep_dir = Path(config.hydra.sweep.dir).resolve()
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise unusable(sweep_dir, "hydra.sweep.dir", exc) from None
     return sweep_dir, Path.cwd()
 
 
