@@ -48,7 +48,8 @@ def _job(dict_cfg: DictConfig, spare: SpareTracker) -> float | None:
 
 
 def _run_fresh(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker) -> float | None:
-    """A single run: the run dir Hydra made for it goes again when a mistake stops it."""
+    """A single run: the folders made for it (reflact.running.newdir.FreshRunDir, in this process)
+    go again when a mistake stops it."""
     from reflact.running.newdir import discarded_on_mistake, taken
 
     # Hydra's own log file is all a fresh run dir holds before the run writes anything
