@@ -174,3 +174,18 @@ def test_discard_leaves_a_run_dir_holding_more_than_its_own_files(tmp_path):
     discard(new, {"run.log"})
     new.release()
     assert tree(tmp_path / "run") == {"notes.txt": b"the user's", "run.log": b""}
+
+
+def test_a_sweep_refused_at_its_start_ends_on_its_one_line_whatever_the_hydra(tmp_path, capsys):
+    """Hydra 1.4 calls on_multirun_end even when on_multirun_start ended on a mistake: the end then
+    reads nothing and says nothing more (no 'sweep failed' from an earlier sweep's records)."""
+    from reflact.sweeps.sweep import MlflowSweep
+    from tests.test_cluster import composed
+
+    (tmp_path / "afile").write_text("not a folder")
+    config = composed("+exp=demo", "mlflow.enabled=false", f"hydra.sweep.dir={tmp_path / 'afile'}")
+    sweep = MlflowSweep()
+    with pytest.raises(SystemExit) as ended:
+        sweep.on_multirun_start(config=config)
+    sweep.on_multirun_end(config=config)
+    assert ended.value.code == 2 and capsys.readouterr().err.count("\n") == 1

@@ -35,6 +35,8 @@ log = logging.getLogger("reflact")
 class MlflowSweep(Callback):
     def __init__(self) -> None:
         self._open: tuple | None = None  # (store, sweep dir) while the parent is RUNNING
+        # Hydra 1.4 calls on_multirun_end after an on_multirun_start that ended on a mistake too
+        self._started = False
 
     @exits_on_user_error  # a mismatch ends the sweep with one line and exit 2 (Hydra only warns)
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
@@ -44,6 +46,7 @@ class MlflowSweep(Callback):
         SweepDir(sweep_dir).clear_failed_jobs()
         if config.mlflow.enabled:
             self._start_parent(config, sweep_dir, launch_dir, fixed, swept)
+        self._started = True
 
     def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
         """Runs where the job ran (in a launcher's worker too). A job that failed as a run or on a
@@ -69,6 +72,8 @@ class MlflowSweep(Callback):
         job_return.return_value = failure
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        if not self._started:  # its one line is printed: nothing ran
+            return
         sweep = SweepDir(_where(config)[0])
         failed = sweep.failed_jobs()
         if self._open is not None:
