@@ -60,6 +60,13 @@ def check_served(run_dir: str) -> None:
           f"{logged_status(Path(run_dir))} FINISHED")
 
 
+def check_reused(run_dir: str) -> None:
+    """A rerun of a finished run dir reuses every saved patch and makes no call."""
+    counts = summary(Path(run_dir))["counts"]
+    assert counts["minibatches_reused"] == counts["minibatches"] == 4 and counts["calls"] == 0, counts
+    print(f"rerun: {counts['minibatches_reused']} patches reused, no call")
+
+
 def check_analyzed(run_dir: str, printed: str) -> None:
     written = [Path(line) for line in printed.splitlines() if line.strip()]
     assert written and all(path.is_file() for path in written), printed

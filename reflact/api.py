@@ -82,10 +82,10 @@ def reflect(
 
 def _reflect(cfg: ReflactConfig, data, inputs: PythonInputs | None, folder: Path, launch: Path) -> Reflection:
     from reflact.config import from_hydra
-    from reflact.running.newdir import discarded_on_mistake, first_missing
+    from reflact.running.newdir import discarded_on_mistake, make
 
     # a folder made here goes again when a mistake stops the run before any call
-    with discarded_on_mistake(folder, first_missing(folder), {"inputs"}):
+    with discarded_on_mistake(make(folder, "run_dir"), {"inputs"}):
         if inputs is not None:
             inputs.write(cfg, folder / "inputs")
         elif data is not None:

@@ -119,9 +119,19 @@ def warnings_to_log() -> None:
         logger.addHandler(shown)
 
 
+def warnings_held() -> None:
+    """At a job's start: library warnings are held again (not written to an earlier job's log
+    file), until the run's inputs passed their checks (warnings_to_run_log)."""
+    logger = logging.getLogger(WARNINGS_LOGGER)
+    logger.handlers = [h for h in logger.handlers if not isinstance(h, logging.FileHandler)]
+    if not any(isinstance(h, HeldWarnings) for h in logger.handlers):
+        logger.addHandler(HeldWarnings())
+
+
 def warnings_to_run_log() -> None:
-    """Once a run's log file is open (Hydra's job logging): the warnings held so far are written
-    to it, and later ones go to it too."""
+    """Once the run's inputs passed their checks (a mistaken rerun leaves an existing log as it
+    was): the warnings held so far are written to its log file (Hydra's job logging), and later
+    ones go to it too."""
     logger = logging.getLogger(WARNINGS_LOGGER)
     files: list[logging.Handler] = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
     held = [h for h in logger.handlers if isinstance(h, HeldWarnings)]

@@ -11,13 +11,20 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reflact import shipped, usage
-from reflact.errors import RunFailed, exits_on_user_error, fails_the_job, raise_stopped_on_sigterm, warnings_to_run_log
+from reflact.errors import (
+    RunFailed,
+    exits_on_user_error,
+    fails_the_job,
+    raise_stopped_on_sigterm,
+    warnings_held,
+    warnings_to_run_log,
+)
 from reflact.imports import one_at_a_time
 from reflact.tracking.process import SpareTracker
 
@@ -31,7 +38,7 @@ def _job(dict_cfg: DictConfig, spare: SpareTracker) -> float | None:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
-    warnings_to_run_log()
+    warnings_held()
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     # inside the job too: Hydra would wrap a mistake in its own report; in a sweep a failed job
@@ -41,12 +48,12 @@ def _job(dict_cfg: DictConfig, spare: SpareTracker) -> float | None:
 
 
 def _run_fresh(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker) -> float | None:
-    """A single run: the run dir Hydra made for it goes again when a mistake stops it."""
-    from reflact.running.newdir import FRESH_ENV, discarded_on_mistake
+    """A single run: the folders made for it (reflact.running.newdir.FreshRunDir, in this process)
+    go again when a mistake stops it."""
+    from reflact.running.newdir import discarded_on_mistake, taken
 
-    made = os.environ.get(FRESH_ENV)
     # Hydra's own log file is all a fresh run dir holds before the run writes anything
-    with discarded_on_mistake(Path(hc.runtime.output_dir), Path(made) if made else None, {f"{hc.job.name}.log"}):
+    with discarded_on_mistake(taken(Path(hc.runtime.output_dir)), {f"{hc.job.name}.log"}):
         return _run(dict_cfg, hc, multirun, spare)
 
 
@@ -77,12 +84,14 @@ def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTrack
 
 def _record_config(dict_cfg: DictConfig, hc: DictConfig, run_dir: Path) -> None:
     """What Hydra would write to .hydra/ (hydra.output_subdir is off), written only once the
-    config and inputs passed their checks, so a mistaken rerun leaves the record alone."""
+    config and inputs passed their checks, so a mistaken rerun leaves the record alone; the
+    library warnings held until then go to the run's log from now on."""
     with one_at_a_time():
         from omegaconf import OmegaConf
 
     from reflact.running.rundir import RunDir
 
+    warnings_to_run_log()
     RunDir(run_dir).write_config(
         OmegaConf.to_yaml(dict_cfg), OmegaConf.to_yaml(list(hc.overrides.task)), OmegaConf.to_yaml({"hydra": hc})
     )
@@ -163,24 +172,33 @@ def callbacks_allowed():
 
 @contextlib.contextmanager
 def _mode_from_command_line() -> Iterator[None]:
-    """Hydra composes the whole config a second time only to read `hydra.mode` (~0.3 s before the
-    first request). reflact's own configs never set it (tests/test_presets.py checks), so unless the
-    command line sets it or brings configs of its own, `-m` alone decides, as Hydra does when the
-    composed mode is unset."""
+    """Hydra 1.3 composes the whole config a second time only to read `hydra.mode` (~0.1-0.3 s
+    before the first request). reflact's own configs never set it (tests/test_presets.py checks), so
+    unless the command line sets it or brings configs of its own, `-m` alone decides, as Hydra does
+    when the composed mode is unset. Hydra 1.4 reads the mode from the overrides and the primary
+    config alone (~1 ms; it then passes `parsed_overrides`): its own is kept."""
     with one_at_a_time():
         from hydra._internal.hydra import Hydra
 
     own_configs = any(arg.startswith(("--config-dir", "-cd", "--config-path", "-cp")) for arg in sys.argv[1:])
     sets_mode = any("hydra.mode" in arg for arg in sys.argv[1:])
-    if own_configs or sets_mode:
+    if own_configs or sets_mode or not composes_for_mode(Hydra.get_mode):
         yield
         return
     composing = Hydra.get_mode
-    Hydra.get_mode = lambda self, config_name, overrides: None  # type: ignore[method-assign]
+    Hydra.get_mode = lambda self, *args, **kwargs: None  # type: ignore[method-assign]
     try:
         yield
     finally:
         Hydra.get_mode = composing  # type: ignore[method-assign]
+
+
+def composes_for_mode(get_mode: Callable) -> bool:
+    """Whether this Hydra's `get_mode` composes the config (1.3: its arguments are the config's
+    name and the overrides alone)."""
+    import inspect
+
+    return "parsed_overrides" not in inspect.signature(get_mode).parameters
 
 
 @dataclass

@@ -247,10 +247,10 @@ def test_a_rerun_with_a_mistake_leaves_the_existing_run_dir_as_it_was(tmp_path, 
     done = run_cli(*common, "reflect.update_mode=bogus", cwd=launch)
     assert done.returncode == 2
     assert {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
-    # an empty folder of the user's, given as the run dir, stays too
+    # an empty folder of the user's, given as the run dir, stays too, and empty
     (launch / "empty").mkdir()
     assert run_cli(*common[:-1], "hydra.run.dir=empty", "reflect.update_mode=bogus", cwd=launch).returncode == 2
-    assert (launch / "empty").is_dir()
+    assert (launch / "empty").is_dir() and not any((launch / "empty").iterdir())
 
 
 def test_reflect_api_leaves_no_folder_after_a_mistake(tmp_path):

@@ -4,6 +4,7 @@ a command ends with (they go to the run's log)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,27 @@ def test_hydras_settings_are_in_their_own_file():
     assert OmegaConf.to_container(hydra.run)["dir"] == "outputs/runs/${now:%Y-%m-%d}/${now:%H-%M-%S}"
     assert set(hydra.callbacks) == {"mlflow_sweep", "fresh_run_dir"}
     assert hydra.sweep.dir == "outputs/sweeps/demo" and hydra.job_logging.handlers.console.stream == "ext://sys.stderr"
+
+
+def test_hydras_mode_is_read_whatever_arguments_hydra_passes(monkeypatch):
+    """reflact replaces Hydra 1.3's get_mode (it composes the whole config again), never Hydra
+    1.4's (it reads the overrides only, and passes `parsed_overrides`); CI's .ci/newest_stack.sh
+    runs the command line on the newest Hydra."""
+    from hydra._internal.hydra import Hydra
+
+    from reflact.run import _mode_from_command_line, composes_for_mode
+
+    monkeypatch.setattr(sys, "argv", ["reflact", "+exp=demo"])
+    original = Hydra.get_mode
+    with _mode_from_command_line():
+        if composes_for_mode(original):  # -m alone decides, whatever Hydra passes
+            assert Hydra.get_mode(object(), "config", ["+exp=demo"]) is None
+            assert Hydra.get_mode(object(), config_name="config", overrides=[], parsed_overrides=[]) is None
+        else:
+            assert Hydra.get_mode is original
+    assert Hydra.get_mode is original
+    assert not composes_for_mode(lambda self, config_name, overrides, parsed_overrides=None: None)
+    assert composes_for_mode(lambda self, config_name, overrides: None)
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from reflact.config import unchanging
 from reflact.errors import JobFailed, UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
+from reflact.running.newdir import unusable
 from reflact.running.rundir import SweepDir
 from reflact.text import one_line
 from reflact.tracking.store import now_ms
@@ -35,6 +36,8 @@ log = logging.getLogger("reflact")
 class MlflowSweep(Callback):
     def __init__(self) -> None:
         self._open: tuple | None = None  # (store, sweep dir) while the parent is RUNNING
+        # Hydra 1.4 calls on_multirun_end after an on_multirun_start that ended on a mistake too
+        self._started = False
 
     @exits_on_user_error  # a mismatch ends the sweep with one line and exit 2 (Hydra only warns)
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
@@ -44,6 +47,7 @@ class MlflowSweep(Callback):
         SweepDir(sweep_dir).clear_failed_jobs()
         if config.mlflow.enabled:
             self._start_parent(config, sweep_dir, launch_dir, fixed, swept)
+        self._started = True
 
     def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
         """Runs where the job ran (in a launcher's worker too). A job that failed as a run or on a
@@ -69,6 +73,8 @@ class MlflowSweep(Callback):
         job_return.return_value = failure
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        if not self._started:  # its one line is printed: nothing ran
+            return
         sweep = SweepDir(_where(config)[0])
         failed = sweep.failed_jobs()
         missing = self._end_parent(config, sweep, bool(failed)) if config.mlflow.enabled else ""
@@ -254,7 +260,10 @@ def _where(config: DictConfig) -> tuple[Path, Path]:
 
     HydraConfig.instance().set_config(config)  # lets `${hydra:...}` in the sweep dir resolve
     sweep_dir = Path(config.hydra.sweep.dir).resolve()
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise unusable(sweep_dir, "hydra.sweep.dir", exc) from None
     return sweep_dir, Path.cwd()
 
 
