@@ -66,6 +66,13 @@ def test_a_request_that_exactly_fits_beside_what_was_spent_may_start(costs, limi
     assert reserve_in_thread(spend, last, threading.Event()) is True
 
 
+def test_amounts_of_any_finite_size_are_counted():
+    spend = Spend(1e300)  # a cap meant as "none"
+    assert spend.reserve(1e299, threading.Event())
+    spend.settle(1e299, 1e299)
+    assert not spend.reserve(1e300, threading.Event()) and spend.spent == 1e299
+
+
 def test_what_an_analysis_may_spend_is_the_cap_less_the_runs_spend_exactly():
     spend = Spend(0.7, spent=0.6)  # 0.7 - 0.6 is 0.09999999999999998 in floats
     assert spend.reserve(0.1, threading.Event())
@@ -192,6 +199,22 @@ def embedder_for(tmp_path, server):
     cfg = make_config("data.dir=x", f"optimizer.base_url={server.base_url}", "optimizer.model=test", *EMBEDDING)
     chosen = matcher_for(cfg, tmp_path, environ={})
     return chosen, chosen.matcher.embedder
+
+
+def test_an_analysis_may_spend_only_what_the_run_left_of_the_cap(tmp_path, server):
+    server.script = asked = Embeddings()
+    cfg = make_config("data.dir=x", f"optimizer.base_url={server.base_url}", "optimizer.model=test", PRICED,
+                      *EMBEDDING, "optimizer.max_cost_usd=1", "optimizer.cache=off")
+    worst = embedding_worst(["a"])  # $0.02 a million: 9 tokens at most
+    for spent, fits in [(1 - worst, True), (1 - worst / 2, False)]:
+        chosen = matcher_for(cfg, tmp_path, spent, environ={})
+        with closing(chosen):
+            if fits:
+                assert chosen.matcher.embedder.vectors(["a"]).shape == (1, 8)
+            else:
+                with pytest.raises(AnalysisUnavailable, match="cost limit optimizer.max_cost_usd leaves no room"):
+                    chosen.matcher.embedder.vectors(["a"])
+    assert asked.texts() == ["a"]
 
 
 def test_vectors_cached_from_another_model_by_the_same_name_are_not_compared_with_new_ones(tmp_path, server):

@@ -5,8 +5,10 @@ The vectors come from any OpenAI-compatible `/v1/embeddings` (`analysis.embeddin
 and key default to the optimizer's), through the OpenAI SDK: the distinct texts in batches, each
 text's vector kept in the response cache under the endpoint, model and text (a re-analysis, or
 another run with the same items, asks for none again), the tokens and cost counted and every
-request bounded by what is left of `optimizer.max_cost_usd`. A server without embeddings (HTTP
-404) is one line, not a traceback.
+request bounded by what is left of `optimizer.max_cost_usd` and costing at most its worst case. A
+server without embeddings (HTTP 404) is one line, not a traceback. A reply is read from its body
+(reflact.analysis.vectors; its usage as the stage reads it), never trusted as it comes: one that
+cannot be used, or vectors of two dimensions in one analysis, leave the analysis out.
 """
 
 from __future__ import annotations

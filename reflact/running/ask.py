@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
+from fractions import Fraction
 
 from reflact.calls.protocol import CallError, Optimizer, Reply
 from reflact.config import Price
@@ -41,7 +42,8 @@ UNITS_PER_USD = 10**12  # money is counted in whole pico-dollars: sums and diffe
 
 
 def units(usd: float) -> int:
-    return round(usd * UNITS_PER_USD)
+    # exact: a float times 10**12 would overflow to infinity past $1.8e296 (a cap meant as "none")
+    return round(Fraction(usd) * UNITS_PER_USD)
 
 
 class Spend:
