@@ -5,8 +5,10 @@ The vectors come from any OpenAI-compatible `/v1/embeddings` (`analysis.embeddin
 and key default to the optimizer's), through the OpenAI SDK: the distinct texts in batches, each
 text's vector kept in the response cache under the endpoint, model and text (a re-analysis, or
 another run with the same items, asks for none again), the tokens and cost counted and every
-request bounded by what is left of `optimizer.max_cost_usd`. A server without embeddings (HTTP
-404) is one line, not a traceback.
+request bounded by what is left of `optimizer.max_cost_usd` and costing at most its worst case. A
+server without embeddings (HTTP 404) is one line, not a traceback. A reply is read from its body
+(reflact.analysis.vectors; its usage as the stage reads it), never trusted as it comes: one that
+cannot be used, or vectors of two dimensions in one analysis, leave the analysis out.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, cast
 
 from reflact.analysis.guards import passing
 from reflact.analysis.matching import Key, blocks_of
+from reflact.analysis.vectors import Damaged, reply_rows, unit_rows
 from reflact.calls.cache import ResponseCache, cache_key
 from reflact.config import Price, RetryConfig
 from reflact.errors import UserError
@@ -51,7 +54,7 @@ class Spent:
 
 @dataclass
 class Embedder:
-    """Unit vectors for texts from one endpoint and model."""
+    """Unit vectors for texts from one endpoint and model; one dimension per analysis."""
 
     sdk: Any  # openai.OpenAI
     model: str
@@ -63,6 +66,7 @@ class Embedder:
     batch: int = 64
     secret: str = ""
     spent: Spent = field(default_factory=Spent)
+    warned: set[str] = field(default_factory=set)  # the usage fields already warned about
 
     def vectors(self, texts: list[str]):
         """One row per text (float32, unit length); each distinct text asked for once."""
@@ -70,51 +74,90 @@ class Embedder:
             import numpy as np
 
         distinct = list(dict.fromkeys(texts))
-        found = {text: self._cached(text) for text in distinct}
-        missing = [text for text, vector in found.items() if vector is None]
-        self.spent.cache_hits += len(distinct) - len(missing)
+        found = self._cached(distinct)
+        self.spent.cache_hits += len(found)
+        dimension = self._dimension(found.values(), None, distinct)
+        missing = [text for text in distinct if text not in found]
         for start in range(0, len(missing), self.batch):
             part = missing[start : start + self.batch]
-            found.update(zip(part, self._ask(part), strict=True))
+            rows = self._ask(part)
+            dimension = self._dimension(rows, dimension, distinct)
+            found.update(zip(part, rows, strict=True))
         if not texts:
             return np.zeros((0, 1), dtype=np.float32)
-        matrix = np.asarray([found[text] for text in texts], dtype=np.float32)
-        return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+        return np.stack([found[text] for text in texts])
 
     def _key(self, text: str) -> str:
         return cache_key({"embedding": self.model, "endpoint": self.endpoint, "input": text})
 
-    def _cached(self, text: str) -> list[float] | None:
-        hit = self.cache.get(self._key(text)) if self.cache else None
-        return hit["vector"] if hit else None
+    def _cached(self, texts: list[str]) -> dict[str, Any]:
+        """The texts the cache holds a usable vector for (a damaged entry is a miss), as unit rows."""
+        if not self.cache:
+            return {}
+        entries = [self.cache.get(self._key(text)) for text in texts]
+        rows = unit_rows([entry.get("vector") if entry else None for entry in entries])
+        return {text: row for text, row in zip(texts, rows, strict=True) if row is not None}
 
-    def _ask(self, texts: list[str]) -> list[list[float]]:
-        from reflact.calls.client import describe_error
+    def _dimension(self, rows, known: int | None, texts: list[str]) -> int | None:
+        """The analysis's one dimension, so far; vectors of two dimensions cannot be compared: the
+        analysis is left out, and its texts' cached vectors dropped so that a new analysis asks again."""
+        lengths = {len(row) for row in rows} | ({known} if known is not None else set())
+        if len(lengths) > 1:
+            if self.cache:
+                self.cache.forget([self._key(text) for text in texts])
+            raise AnalysisUnavailable(
+                f"analysis.embedding: {self.model!r} gave vectors of {' and '.join(map(str, sorted(lengths)))} "
+                "numbers in one analysis (its dimension changed between requests, or the response cache held "
+                "vectors of another model by that name); those cached vectors are dropped, so a new analysis "
+                "asks for them again"
+            )
+        return next(iter(lengths), None)
 
-        worst = sum(len(t.encode("utf-8")) + 8 for t in texts) * (self.price.input if self.price else 0.0) / 1e6
+    def _ask(self, texts: list[str]) -> list[Any]:
+        """The texts' vectors from one request, cached; its cost counted, at most its worst case."""
+        from reflact.calls.completion import read_usage
+        from reflact.running.ask import capped_cost
+
+        per_token = (self.price.input if self.price else 0.0) / 1e6
+        worst = sum(len(t.encode("utf-8")) + 8 for t in texts) * per_token
         reserve_or_stop(self.spend, worst, "embedding requests", "lexical")
         cost = 0.0
         try:
-            reply = self._create(texts)
-            vectors = [list(map(float, row.embedding)) for row in sorted(reply.data, key=lambda r: r.index)]
-            if len(vectors) != len(texts):
-                raise AnalysisUnavailable(
-                    f"analysis.embedding: the server returned {len(vectors)} embeddings for {len(texts)} texts"
-                )
-            tokens = int(getattr(reply.usage, "prompt_tokens", 0) or 0)
-            cost = tokens * (self.price.input if self.price else 0.0) / 1e6
+            body = self._body(texts)
+            # the stage's rule for usage: an unreadable count is 0 (warned), a claim past the worst case is capped
+            tokens = read_usage(body.get("usage"), self._warn).prompt
+            cost = capped_cost(tokens * per_token, worst, "an embeddings reply")
             self.spent.requests, self.spent.tokens = self.spent.requests + 1, self.spent.tokens + tokens
             self.spent.cost_usd += cost
-        except AnalysisUnavailable:
-            raise
-        except Exception as exc:  # one line naming the setting, whatever the SDK raised
-            raise AnalysisUnavailable(self._why(exc, describe_error(exc, self.secret))) from None
+            raw, rows = reply_rows(body, len(texts))
+        except Damaged as exc:
+            where = self.endpoint.get("base_url", "")
+            raise AnalysisUnavailable(f"analysis.embedding: the reply from {where} is damaged: {exc}") from None
         finally:
             self.spend.settle(worst, cost)
         if self.cache:
-            for text, vector in zip(texts, vectors, strict=True):
+            for text, vector in zip(texts, raw, strict=True):
                 self.cache.put(self._key(text), {"vector": vector})
-        return vectors
+        return rows
+
+    def _body(self, texts: list[str]) -> dict:
+        """The reply's JSON object; one line naming the setting when the request failed."""
+        from reflact.calls.client import describe_error
+        from reflact.calls.completion import MalformedReply, parse_body
+
+        try:
+            content = self._create(texts)
+        except Exception as exc:  # one line naming the setting, whatever the SDK raised
+            raise AnalysisUnavailable(self._why(exc, describe_error(exc, self.secret))) from None
+        try:
+            return parse_body(content)
+        except MalformedReply as exc:
+            raise Damaged(str(exc)) from None
+
+    def _warn(self, field: str, what: str) -> None:
+        if field not in self.warned:  # once per field, as the stage's client does
+            self.warned.add(field)
+            log.warning("analysis.embedding: the reply's %s %s (token and cost totals may be off)", field, what)
 
     def _create(self, texts: list[str]):
         """One request, with the stage's retry policy (429 with Retry-After, 5xx, timeouts)."""
@@ -131,8 +174,11 @@ class Embedder:
             wait=wait_after(self.retry.initial_wait_s, self.retry.max_wait_s),
         )
         for attempt in retrying:
-            with attempt:
-                return self.sdk.embeddings.create(model=self.model, input=texts, encoding_format="float")
+            with attempt:  # the body as sent: read by reflact.analysis.vectors, not the SDK
+                raw = self.sdk.embeddings.with_raw_response.create(
+                    model=self.model, input=texts, encoding_format="float"
+                )
+                return raw.http_response.content
 
     def _why(self, exc: Exception, described: str) -> str:
         where = self.endpoint.get("base_url", "")

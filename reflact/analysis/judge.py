@@ -73,7 +73,7 @@ class JudgeMatcher:
 
     def _ask(self, pairs: list[tuple[Key, Key]], number: int) -> list[bool]:
         from reflact.calls.protocol import CallError
-        from reflact.running.ask import worst_cost
+        from reflact.running.ask import capped_cost, worst_cost
 
         lines = [f"### Pair {n}\nA: {x.meaning}\nB: {y.meaning}" for n, (x, y) in enumerate(pairs, 1)]
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n\n".join(lines)}]
@@ -82,14 +82,14 @@ class JudgeMatcher:
         cost = 0.0
         try:
             reply = self.client.complete(messages, self.max_output_tokens, SCHEMA)
+            # as in the stage: a reply never costs more than its request could (usage is the server's claim)
+            cost = 0.0 if reply.from_cache else capped_cost(reply.usage.cost_usd(self.price), worst, "a judge's reply")
         except CallError as exc:
             raise AnalysisUnavailable(
                 f"analysis.matcher=judge: a question to the optimizer failed: {exc.cause}"
             ) from None
         finally:
             self.spend.settle(worst, cost)
-        cost = 0.0 if reply.from_cache else reply.usage.cost_usd(self.price)
-        self.spend.settle(0.0, cost)
         self._count(reply, cost)
         self._keep(number, messages, reply)
         return _verdicts(reply.text, len(pairs))

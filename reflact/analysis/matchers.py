@@ -43,7 +43,7 @@ class Chosen:
 def matcher_for(
     cfg: ReflactConfig,
     launch_dir: Path,
-    spent_usd: float = 0.0,
+    spent_usd: float | None = 0.0,
     raw_dir: Path | None = None,
     threshold: float | None = None,
     environ: Mapping[str, str] | None = None,
@@ -55,8 +55,8 @@ def matcher_for(
         return Chosen(Lexical(a.match_threshold if threshold is None else threshold))
     from reflact.running.ask import Spend
 
-    limit = cfg.optimizer.max_cost_usd
-    spend = Spend(None if limit is None else max(limit - spent_usd, 0.0))
+    # spent_usd is None for an unpriced model, which has no cap (config.validate)
+    spend = Spend(cfg.optimizer.max_cost_usd, spent=spent_usd or 0.0)
     embedder, closers = _embedder(cfg, launch_dir, spend, environ)
     chosen = Chosen(None, {"embedding": embedder.spent}, closers)
     guards = tuple(name for name in NAMES if name in a.guards)

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
+from fractions import Fraction
 
 from reflact.calls.protocol import CallError, Optimizer, Reply
 from reflact.config import Price
@@ -37,32 +38,56 @@ class Asked:
     error: str = ""
 
 
+UNITS_PER_USD = 10**12  # money is counted in whole pico-dollars: sums and differences are exact
+
+
+def units(usd: float) -> int:
+    # exact: a float times 10**12 would overflow to infinity past $1.8e296 (a cap meant as "none")
+    return round(Fraction(usd) * UNITS_PER_USD)
+
+
 class Spend:
     """Dollars spent by the run, against `optimizer.max_cost_usd`, shared by the workers. A request
     reserves what it could cost at most before it starts, and settles what it did cost when it
-    ends, so the cap holds whatever the number of workers."""
+    ends, so the cap holds whatever the number of workers. Amounts are kept in whole units
+    (floats would leave residues: four overlapping reservations of $0.11 settled left 2.8e-17
+    "in flight" for good); `spent` is what was spent before (an analysis's share of the cap)."""
 
-    def __init__(self, limit: float | None) -> None:
-        self.limit = limit
-        self.spent = 0.0
-        self.reserved = 0.0
+    def __init__(self, limit: float | None, spent: float = 0.0) -> None:
+        self.limit = None if limit is None else units(limit)
+        self._spent = units(spent)
+        self._reserved = 0
+        self._out = 0  # reservations not settled yet
         self._settled = threading.Condition()
 
+    @property
+    def spent(self) -> float:
+        return self._spent / UNITS_PER_USD
+
+    @property
+    def reserved(self) -> float:
+        return self._reserved / UNITS_PER_USD
+
     def reserve(self, worst: float, stopping: threading.Event) -> bool:
-        """True when the request may start. While other requests' reservations are out, waits for
-        them to settle (they usually cost less than their worst case); False once it cannot fit."""
+        """True when the request may start. While other requests are in flight, waits for them to
+        settle (they usually cost less than their worst case); False at once when nothing is in
+        flight and it still cannot fit, or on stopping."""
+        need = units(worst)
         with self._settled:
-            while self.limit is not None and self.spent + self.reserved + worst > self.limit:
-                if self.reserved <= 0 or stopping.is_set():
+            while self.limit is not None and self._spent + self._reserved + need > self.limit:
+                if not self._out or stopping.is_set():
                     return False
                 self._settled.wait(timeout=1.0)
-            self.reserved += worst
+            self._reserved += need
+            self._out += 1
             return True
 
     def settle(self, worst: float, cost: float) -> None:
+        """Ends the reservation of `worst` made by reserve(); `cost` is what the request cost."""
         with self._settled:
-            self.reserved = max(self.reserved - worst, 0.0)
-            self.spent += cost
+            self._reserved -= units(worst)
+            self._out -= 1
+            self._spent += units(cost)
             self._settled.notify_all()
 
 
@@ -75,19 +100,28 @@ def worst_cost(messages: list[dict], allowance: int, price: Price | None) -> flo
     return (prompt * price.input + allowance * price.output) / 1e6
 
 
-def capped_cost(cost: float, worst: float) -> float:
+def capped_cost(cost: float, worst: float, what: str = "the optimizer's reply") -> float:
     """What a reply is recorded as costing: a server's usage can claim more than the request could
     have cost (more tokens than its prompt's bytes and output allowance); the worst case is then
-    what was spent, at most."""
+    what was spent, at most. The analysis's calls (embeddings, the judge) are held to it too."""
     if cost <= worst:
         return cost
     log.warning(
-        "the optimizer's reply claims usage worth $%.4f, more than the request could cost ($%.4f); counted as $%.4f",
+        "%s claims usage worth $%.4f, more than the request could cost ($%.4f); counted as $%.4f",
+        what,
         cost,
         worst,
         worst,
     )
     return worst
+
+
+def failed_call(exc: CallError, tally: Tally) -> Asked:
+    """A call that finally failed, counted; the conversation ends here."""
+    tally.retries += exc.retries
+    tally.failed_calls += 1
+    tally.call_log.append({"error": exc.cause, "retries": exc.retries})
+    return Asked("failed", tally, error=exc.cause)
 
 
 def cut_off(allowance: int, ceiling: int) -> tuple[str, int]:
@@ -200,26 +234,32 @@ class Asker:
         worst = worst_cost(conversation, allowance, self.price)
         if not self.spend.reserve(worst, self.stopping):
             return Asked("not_run", tally, error="cost limit reached")
-        self.publish(CallStarted(tag, number))
         try:
-            # the sample goes along only with several draws: an optimizer of one's own needs no new argument
-            draw = {} if sample is None else {"sample": sample}
-            reply = self.optimizer.complete(conversation, allowance, self.schemas[group], label=tag, **draw)
+            reply = self._call(tag, number, group, conversation, allowance, sample)
+            cost = self._count(reply, allowance, len(conversation), tally, worst)
         except CallError as exc:
+            self.spend.settle(worst, 0.0)
             if exc.fatal:
                 self.publish(EndpointFailed(exc.fatal))
-            self.spend.settle(worst, 0.0)
-            tally.retries += exc.retries
-            tally.failed_calls += 1
-            tally.call_log.append({"error": exc.cause, "retries": exc.retries})
+            asked = failed_call(exc, tally)
             self.publish(Replied(tag, number, list(conversation), None, error=exc.cause))
-            return Asked("failed", tally, error=exc.cause)
-        cost = self._count(reply, allowance, len(conversation), tally, worst)
+            return asked
+        except BaseException:  # a bug: its traceback goes on, and no worker may wait on its reservation
+            self.spend.settle(worst, worst)  # what it may have cost
+            raise
         self.spend.settle(worst, 0.0 if reply.estimated else cost)  # first: a full disk must not hold a reservation
         if not reply.estimated:
             keep(number, reply)  # saved before tracking hears of it or it is parsed
         self.publish(Replied(tag, number, list(conversation), reply, cost_usd=cost))
         return reply
+
+    def _call(
+        self, tag: str, number: int, group: str, conversation: list[dict], allowance: int, sample: int | None
+    ) -> Reply:
+        self.publish(CallStarted(tag, number))
+        # the sample goes along only with several draws: an optimizer of one's own needs no new argument
+        draw = {} if sample is None else {"sample": sample}
+        return self.optimizer.complete(conversation, allowance, self.schemas[group], label=tag, **draw)
 
     def _count(self, reply: Reply, allowance: int, messages: int, tally: Tally, worst: float) -> float:
         """Adds the reply to the tally; returns what it cost now (never more than its `worst`)."""
@@ -237,17 +277,20 @@ class Asker:
             tally.calls += 1
             tally.retries += reply.retries
             tally.spent_usd += cost
-        tally.call_log.append(
-            {
-                "started_at": reply.started_at,
-                "latency_s": round(reply.latency_s, 3),
-                "from_cache": reply.from_cache,
-                "finish_reason": reply.finish_reason,
-                "max_output_tokens": allowance,
-                "structured": reply.structured,
-                "retries": reply.retries,
-                "usage": asdict(reply.usage),
-                "messages": messages,
-            }
-        )
+        tally.call_log.append(call_record(reply, allowance, messages))
         return cost
+
+
+def call_record(reply: Reply, allowance: int, messages: int) -> dict:
+    """A reply's line in its minibatch's call log."""
+    return {
+        "started_at": reply.started_at,
+        "latency_s": round(reply.latency_s, 3),
+        "from_cache": reply.from_cache,
+        "finish_reason": reply.finish_reason,
+        "max_output_tokens": allowance,
+        "structured": reply.structured,
+        "retries": reply.retries,
+        "usage": asdict(reply.usage),
+        "messages": messages,
+    }

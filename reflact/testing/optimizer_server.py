@@ -60,6 +60,17 @@ def chat_body(text: str, finish_reason: str = "stop", prompt_tokens: int = 100, 
     }
 
 
+def embedding_body(vectors: list, prompt_tokens: object = 8) -> dict:
+    """An /embeddings reply carrying `vectors` in order (the server itself has none: tests script
+    them, see OptimizerServer.script; `request["input"]` holds the texts)."""
+    return {
+        "object": "list",
+        "model": "test-embedding",
+        "data": [{"object": "embedding", "index": i, "embedding": vector} for i, vector in enumerate(vectors)],
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+
+
 # rules a seeded reply proposes: a minibatch's "stable" items come from here (the same in every draw,
 # and now and then the same as another minibatch's), its draw-dependent items from RARE
 RULES = (
