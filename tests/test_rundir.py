@@ -182,7 +182,8 @@ def test_trace_records_keep_each_requests_latest_and_leave_damage_out(tmp_path):
     run_dir = RunDir(tmp_path)
     reply = Reply("{}", "stop", Usage(prompt=10, completion=2), 1.5, started_at=100.0)
     first = Replied("minibatch_fail_000", 0, [{"role": "user", "content": "café"}], None, "HTTP 500", ended_at=101.0)
-    again = Replied("minibatch_fail_000", 0, [{"role": "user", "content": "café"}], reply, cost_usd=0.01, ended_at=102.0)
+    again = Replied("minibatch_fail_000", 0, [{"role": "user", "content": "café"}], reply, cost_usd=0.01,
+                    ended_at=102.0)
     other = Replied("minibatch_fail_001", 0, [{"role": "user", "content": "b"}], reply, ended_at=103.0)
     for event in (first, other, again):
         append_trace(run_dir, trace_record(event))
