@@ -1,6 +1,7 @@
 """Log a finished run dir into MLflow again, e.g. after the tracking store was unreachable:
 
     python -m reflact.relog RUN_DIR [--tracking-uri URI]
+    python -m reflact.relog SWEEP_DIR [--tracking-uri URI]   (every job MLflow lacks, and the parent)
 
 Run it from the directory the run was started from (the default store is outputs/mlflow.db
 there). Nothing is called and nothing in the run dir changes but its record of the MLflow run.
@@ -99,14 +100,10 @@ def _read(rd: RunDir, launch_dir: Path, tracking_uri: str | None) -> Read:
 
 def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: dict):
     """The run's context from its saved config (its dataset and templates when still there)."""
-    from reflact import config
-    from reflact.analysis.records import saved_config, saved_hydra
+    from reflact.analysis.records import saved_hydra
     from reflact.tracking.process import RunContext
-    from reflact.tracking.store import tracking_uri as default_uri
 
-    config.register()
-    cfg, params = config.from_hydra(saved_config(rd / HYDRA / "config.yaml"))
-    cfg.mlflow.tracking_uri = tracking_uri or default_uri(cfg, launch_dir)
+    cfg, params = _saved_config(rd, launch_dir, tracking_uri)
     hydra_yaml = rd / HYDRA / "hydra.yaml"
     multirun, overrides, job = saved_hydra(hydra_yaml) if hydra_yaml.is_file() else (False, (), None)
     sweep_dir = _sweep_dir(rd.root) if multirun else None
@@ -124,6 +121,68 @@ def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: di
         job=job,
         template_hashes=summary["settings"].get("template_hashes"),
     )
+
+
+def _saved_config(rd: RunDir, launch_dir: Path, tracking_uri: str | None):
+    """(the run's config, its params) as saved, its store `tracking_uri` or else its own."""
+    from reflact import config
+    from reflact.analysis.records import saved_config
+    from reflact.tracking.store import tracking_uri as default_uri
+
+    config.register()
+    cfg, params = config.from_hydra(saved_config(rd / HYDRA / "config.yaml"))
+    cfg.mlflow.tracking_uri = tracking_uri or default_uri(cfg, launch_dir)
+    return cfg, params
+
+
+def relog_sweep(sweep_dir: Path, launch_dir: Path, tracking_uri: str | None) -> tuple[str | None, int]:
+    """Logs what MLflow lacks of a sweep: its parent run (made again when the store lacks it), each
+    job whose MLflow run is not wholly there, then the parent's status, counts and report from the
+    job dirs. Returns (the parent's id, or None when the store failed, with a warning; how many
+    jobs could not be logged)."""
+    from reflact.sweeps.grid_report import report_sweep
+    from reflact.sweeps.jobs import sweep_jobs
+    from reflact.sweeps.sweep import listed, open_parent, status_of_children
+    from reflact.text import one_line
+    from reflact.tracking.store import Store, now_ms
+
+    sweep = SweepDir(sweep_dir.resolve())
+    summarised = sweep.runs()
+    if not summarised:
+        raise UserError(f"{sweep_dir}: no job of this sweep got as far as its summary; nothing to log")
+    cfg, _ = _saved_config(summarised[0], launch_dir, tracking_uri)
+    uri, identity = str(cfg.mlflow.tracking_uri), sweep.identity()
+    try:
+        store = Store(uri, cfg.mlflow.experiment, launch_dir)
+        open_parent(
+            store, sweep, launch_dir, cfg.name, {**identity.get("fixed", {}), **listed(identity.get("swept", {}))}
+        )
+        failures = sum(not _relog_job(job, store, launch_dir) for job in sweep_jobs(sweep, store.uri))
+        report_sweep(store.client, sweep.parent_record()["sweep_id"], sweep.report, store.run_id)
+        jobs = sweep_jobs(sweep, store.uri)
+        store.end(status_of_children(store, jobs, sweep, failed=bool(sweep.failed_jobs())), now_ms())
+    except UserError:  # a store no retry opens (half-migrated): what to do, in one line
+        raise
+    except Exception as exc:  # the store's failure, in one line
+        log.warning("MLflow logging to %s failed: %s", uri, one_line(exc))
+        return None, len(summarised)
+    return store.run_id, failures
+
+
+def _relog_job(job, store, launch_dir: Path) -> bool:
+    """A job of the sweep in `store` under its parent: relogged when MLflow lacks some of it, else
+    attached to the parent (one made again since it ran); whether that went."""
+    if not job.missing:
+        run_id = RunDir(job.run_dir).mlflow_record().get("run_id")
+        if isinstance(run_id, str) and run_id:
+            with contextlib.suppress(Exception):  # a job whose run was deleted: nothing to attach
+                store.client.set_tag(run_id, "mlflow.parentRunId", store.run_id)
+        return True
+    try:
+        return relog(job.run_dir, launch_dir, store.uri) is not None
+    except UserError as exc:  # a damaged job dir: the others are still logged
+        log.warning("%s", exc)
+        return False
 
 
 def _sweep_dir(job_dir: Path) -> Path | None:
@@ -187,11 +246,16 @@ def _events(rd: RunDir, summary: dict, outcomes: list) -> list:
 
 @exits_on_user_error
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Log a finished run dir into MLflow again.")
-    parser.add_argument("run_dir", type=Path)
+    parser = argparse.ArgumentParser(description="Log a finished run dir, or a sweep dir, into MLflow again.")
+    parser.add_argument("run_dir", type=Path, help="a run dir, or a sweep dir (its jobs and its parent run)")
     parser.add_argument("--tracking-uri", default=None, help="default: the run's own mlflow.tracking_uri")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if SweepDir(args.run_dir).is_sweep():
+        parent, failures = relog_sweep(args.run_dir, Path.cwd(), args.tracking_uri)
+        if parent is not None:
+            print(f"logged sweep {args.run_dir} under MLflow parent run {parent}")
+        return 1 if parent is None or failures else 0
     run_id = relog(args.run_dir, Path.cwd(), args.tracking_uri)
     if run_id is None:
         return 1

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -405,3 +406,61 @@ def test_the_run_end_is_the_end_time_however_late_it_is_written(monkeypatch):
     feed.thread.join(10)
     assert feed.tracker.mirror.ended_ms == 1234  # type: ignore[union-attr]
 
+
+
+# -------------------------------------------------------------------------------- a sweep through an outage
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_store_failed_while_its_jobs_ran_says_so_and_one_relog_repairs_it(
+    tmp_path, server, tracking_server
+):
+    """The store answers as the sweep starts (its parent run is made), then freezes for every job,
+    and answers again by the sweep's end (a server restart of normal length): the parent's status
+    and counts are its job dirs', it and the sweep's last line name the one command that writes
+    what MLflow lacks, and that command repairs children and parent together (it used to count the
+    runs the store held, RUNNING as FAILED, and relog never touched the parent)."""
+    from mlflow.tracking import MlflowClient
+
+    from reflact.sweeps.jobs import NEEDS_RELOG_TAG, NOTE_TAG
+
+    data = write_dataset(tmp_path / "data", n_fail=4, n_succ=0)
+    launch = tmp_path / "launch"
+    launch.mkdir()
+    sweep_dir = launch / "outputs" / "sweeps" / "outage"
+    records = lambda: [json.loads(p.read_text()) for p in sweep_dir.rglob("mlflow_run.json")]  # noqa: E731
+    with SlowProxy(tracking_server, freeze_on=("/api/2.0/mlflow/runs/create",), freeze_after=1) as proxy:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "reflact.run", "-m", "name=outage", f"data.dir={data}", "optimizer.model=test",
+             f"optimizer.base_url={server.base_url}", "reflect.minibatch_size=1,2", "reflect.edit_budget=1,2",
+             f"mlflow.tracking_uri={proxy.uri}", "mlflow.deadline_s=2"],
+            cwd=launch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
+        deadline = time.monotonic() + 150
+        while len([r for r in records() if r["status"] == "INCOMPLETE"]) < 4:
+            assert time.monotonic() < deadline and proc.poll() is None, proxy.requests
+            time.sleep(0.2)
+        proxy.thaw()  # the store is back for the sweep's end
+        out, err = proc.communicate(timeout=150)
+        assert proc.returncode == 0, err[-3000:]
+        message = (f"4 of 4 jobs not wholly in MLflow (the tracking store failed); "
+                   f"python -m reflact.relog {sweep_dir} writes them and this sweep's figures")
+        assert err.strip().splitlines()[-1] == f"reflact: sweep {sweep_dir}: {message}", err[-3000:]
+        client = MlflowClient(tracking_uri=tracking_server)
+        parent_id = json.loads((sweep_dir / "mlflow_parent.json").read_text())["run_id"]
+        parent = client.get_run(parent_id)
+        assert parent.info.status == "FINISHED"
+        assert (parent.data.metrics["jobs"], parent.data.metrics["jobs_finished"]) == (4, 4)
+        assert parent.data.tags[NEEDS_RELOG_TAG] == parent.data.tags[NOTE_TAG] == message
+
+        relog = subprocess.run([sys.executable, "-m", "reflact.relog", str(sweep_dir)], cwd=launch,
+                               capture_output=True, text=True, timeout=170)
+    assert relog.returncode == 0, relog.stderr[-3000:]
+    parent = client.get_run(parent_id)
+    assert parent.info.status == "FINISHED" and parent.data.metrics["jobs_finished"] == 4
+    assert NEEDS_RELOG_TAG not in parent.data.tags and NOTE_TAG not in parent.data.tags
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
+    assert sorted(r.info.status for r in children) == ["FINISHED"] * 4
+    job_dirs = {str(p.parent) for p in sweep_dir.rglob("summary.json")}
+    assert len(job_dirs) == 4 and {r.data.tags["reflact.run_dir"] for r in children} == job_dirs
+    assert all(r["status"] == "FINISHED" for r in records())

@@ -112,7 +112,7 @@ class MlflowSweep(Callback):
         cfg = _typed(config)
         store = Store(tracking_uri(cfg, launch_dir), cfg.mlflow.experiment, launch_dir)
         sweep = SweepDir(sweep_dir)
-        open_parent(store, sweep, launch_dir, str(config.name), {**fixed, **_listed(swept)})
+        open_parent(store, sweep, launch_dir, str(config.name), {**fixed, **listed(swept)})
         self._open = (store, sweep)
         atexit.register(self._end_if_open)  # a sweep that aborts (a failed job, Ctrl-C) still ends its parent
 
@@ -150,7 +150,7 @@ def open_parent(store, sweep: SweepDir, launch_dir: Path, name: str, params: dic
     log.info("MLflow parent run %s for sweep %s", store.run_id, sid)
 
 
-def _listed(swept: dict[str, list[str]]) -> dict[str, str]:
+def listed(swept: dict[str, list[str]]) -> dict[str, str]:
     """The swept keys as params: each its values, comma-separated."""
     return {key: ",".join(values) for key, values in swept.items()}
 

@@ -93,9 +93,9 @@ class SlowProxy:
     """A real tracking server behind a loopback proxy that makes it slow or freezes it:
 
     delay_s     every request reaches the server this much later (a server that answers slowly)
-    freeze_on   from the first request whose path starts with one of these on, nothing more is
-                forwarded either way, connections stay open (a server frozen at that moment),
-                until `thaw()`
+    freeze_on   from the first request whose path starts with one of these on (after
+                `freeze_after` such requests went through), nothing more is forwarded either way,
+                connections stay open (a server frozen at that moment), until `thaw()`
 
     with SlowProxy(server_url, freeze_on=("/api/2.0/mlflow/runs/log-batch",)) as proxy:
         ... mlflow.tracking_uri=proxy.uri ...
@@ -104,6 +104,7 @@ class SlowProxy:
     target: str  # http://127.0.0.1:PORT of the real server
     delay_s: float = 0.0
     freeze_on: tuple[str, ...] = ()
+    freeze_after: int = 0
     port: int = 0
     requests: list[str] = field(default_factory=list)  # the request lines seen, in order
     frozen: threading.Event = field(default_factory=threading.Event)
@@ -161,6 +162,8 @@ class SlowProxy:
         self.requests.append(line)
         path = line.split(" ")[1] if " " in line else ""
         if any(path.startswith(prefix) for prefix in self.freeze_on):
-            self.frozen.set()
+            self.freeze_after -= 1
+            if self.freeze_after < 0:
+                self.frozen.set()
         if self.delay_s:
             time.sleep(self.delay_s)
