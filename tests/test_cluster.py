@@ -93,6 +93,7 @@ def test_a_submitit_sweep_with_the_slurm_preset_writes_the_key_nowhere(tmp_path,
     assert jobs == ["+exp=demo,optimizer.model=test,optimizer=compatible,reflect.edit_budget=1",
                     "+exp=demo,optimizer.model=test,optimizer=compatible,reflect.edit_budget=2"]
     assert (sweep / ".submitit").is_dir() and (sweep / "multirun.yaml").is_file()
+    assert not list((sweep / ".submitit").glob("*%*"))  # no folder named by an unfilled pattern
     assert files_holding(launch_dir, CANARY) == []  # the sweep dir, its pickles, the store, the cache
 
 
