@@ -182,9 +182,10 @@ class MlflowConfig:
     trace_calls: bool = True  # one MLflow trace per optimizer call, linked to the run
     tracking_uri: str | None = None  # default: sqlite:///<launch dir>/outputs/mlflow.db
     experiment: str = "reflact"
-    # the longest a run waits at its end for a tracking server that is down, frozen or never
-    # answers, counted from its last reply; then one warning, and relog logs the run later (a local
-    # sqlite store busy with a sweep's other jobs, silent but not failing, gets at least 120 s)
+    # the longest a run waits at its end for its MLflow run to be written, counted from its last
+    # reply, whatever the store does (down, frozen, slow, a backlog); then one warning, and relog
+    # logs the run later (a local sqlite store busy with a sweep's other jobs, not failing, gets
+    # at least 120 s)
     deadline_s: float = 10.0
 
 
