@@ -137,7 +137,7 @@ def test_failure_only_keeps_the_failures_at_the_boundary_and_counts_no_successes
 def logged_profile(tmp_path: Path, cfg) -> dict:
     """The profile the MLflow mirror gives the run's dataset input."""
     from reflact.running.rundir import RunDir
-    from reflact.tracking.mirror import Mirror
+    from reflact.tracking.mirror import log_dataset
     from reflact.tracking.process import RunContext
 
     class Store:
@@ -145,8 +145,8 @@ def logged_profile(tmp_path: Path, cfg) -> dict:
             self.profile = profile
 
     store = Store()
-    Mirror(store, RunContext(cfg=cfg, params={}, run_dir=RunDir(tmp_path / "run"),
-                             launch_dir=tmp_path, started_at=0.0))._log_dataset(load_dataset(cfg.data))  # type: ignore[arg-type]
+    log_dataset(store, RunContext(cfg=cfg, params={}, run_dir=RunDir(tmp_path / "run"),  # type: ignore[arg-type]
+                                  launch_dir=tmp_path, started_at=0.0), load_dataset(cfg.data))
     return store.profile
 
 
