@@ -277,10 +277,10 @@ def _serve(inbox: _Messages, send) -> None:
 def _track(start: Start, inbox: _Messages, send) -> None:
     """One run, from its start to the answer that it is done."""
     tracker = Tracker(start.context, start.uri, send)
+    send({"ready": True})  # mlflow is imported (_warm): from now on only the store can be slow
     if not _answers(start.uri):
         send({"failing": True})
     with mlflow_globals_at(start.uri):
-        send({"ready": True})  # mlflow is imported: from now on only the store can be slow
         tracker.backoff.answered_at = time.monotonic()
         _follow(tracker, inbox, send)
 
