@@ -250,7 +250,8 @@ def make_optimizer(cfg: ReflactConfig, launch_dir: Path, skill: str, environ: di
     """The run's optimizer: the dry-run estimator, or the client built from `optimizer.*`."""
     if cfg.optimizer.dry_run:
         full_rewrite = get_mode(cfg.reflect.update_mode).full_rewrite
-        return DryRunEstimator(DRY_RUN_REPLY_TOKENS + (len(skill) // CHARS_PER_TOKEN if full_rewrite else 0))
+        tier = cfg.optimizer.service_tier.value if cfg.optimizer.service_tier.value != "auto" else ""
+        return DryRunEstimator(DRY_RUN_REPLY_TOKENS + (len(skill) // CHARS_PER_TOKEN if full_rewrite else 0), tier)
     api_key(cfg.optimizer, os.environ if environ is None else environ)  # a missing key stops the run here
 
     def make() -> Optimizer:

@@ -288,6 +288,9 @@ _REPLY_CHECKS = {  # each field of a Reply as a trace record holds it
     "started_at": lambda v: _seconds(v),
     "cache_key": lambda v: isinstance(v, str),
     "estimated": lambda v: isinstance(v, bool),
+    "service_tier": lambda v: isinstance(v, str),
+    "batch_id": lambda v: isinstance(v, str),
+    "flex_unavailable": lambda v: _count(v),
 }
 _REPLY_NEEDS = ("text", "finish_reason", "usage", "latency_s")
 

@@ -438,6 +438,9 @@ def _reply_attributes(event) -> dict:
         "finish_reason": reply.finish_reason or "",
         "structured_output": reply.structured,
         "cost_usd": event.cost_usd,
+        **({"service_tier": reply.service_tier} if reply.service_tier else {}),
+        **({"batch_id": reply.batch_id} if reply.batch_id else {}),
+        **({"flex_unavailable": reply.flex_unavailable} if reply.flex_unavailable else {}),
     }
 
 
