@@ -78,6 +78,15 @@ def cached_reply(entry: dict | None, key: str) -> Reply | None:
     )
 
 
+def used_reply(cache: ResponseCache, key: str) -> Reply | None:
+    """The cache's reply to `key`, used: a batch's line on its first use is this request's call,
+    paid by the batch (ResponseCache.claim); any other hit is free."""
+    hit = cached_reply(cache.get(key), key)
+    if hit is not None and hit.batch_id and cache.claim(key):
+        hit.from_cache = False
+    return hit
+
+
 def _reply_entry(entry: dict | None) -> dict | None:
     """A stored chat reply as the client reads it, or None (a miss) when it is not one."""
     if entry is None or not isinstance(entry.get("text"), str):

@@ -43,7 +43,7 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
-from reflact.calls.cache import ResponseCache, cache_entry, cache_key, cached_reply
+from reflact.calls.cache import ResponseCache, cache_entry, cache_key, used_reply
 from reflact.calls.completion import Completion, MalformedReply, read_completion
 from reflact.calls.deferred import api_key
 from reflact.calls.protocol import CallError, Optimizer, Reply, estimate_tokens
@@ -216,6 +216,73 @@ class EndpointWatch:
         return CallError(ABANDONED, retries=retries)
 
 
+class Shapes:
+    """What a request is and how it goes: its response cache key (the endpoint, model, messages,
+    decoding, structured output and schema, sample), its body with the response format, and the
+    tier it asks for. The client sends what it shapes; a batch's lines are shaped by the same
+    (reflact.running.batch_requests)."""
+
+    def __init__(self, cfg: OptimizerConfig, endpoint: dict) -> None:
+        self.cfg = cfg
+        self.endpoint = endpoint  # which server answers: part of the cache key
+        self.schema_rejected = threading.Event()  # `auto`: this server answered 400 to a JSON schema
+        self._fallback_said = threading.Event()  # flex_fallback_after's one warning
+
+    def keyed(
+        self,
+        messages: list[dict],
+        max_output_tokens: int,
+        schema: dict | None = None,
+        sample: int | None = None,
+        hashed: bool = True,
+    ) -> tuple[str, dict]:
+        """(the cache key, "" unless `hashed`: hashing the whole request only pays when there is a
+        cache to ask; the request before any response format)."""
+        sample = self.cfg.sample if sample is None else sample
+        logical = request_body(self.cfg, messages, max_output_tokens, sample)
+        if not hashed:
+            return "", logical
+        shape = {**logical, "endpoint": self.endpoint, "schema": schema, "sample": sample}
+        return cache_key({**shape, "structured_output": self.cfg.structured_output.value}), logical
+
+    def request(self, logical: dict, schema: dict | None, tries: Attempts, label: str) -> tuple[dict, str]:
+        """(the request as the SDK takes it, its response format and tier as extra_body; the response
+        format recorded). As extra_body: the SDK's typed transform of a nested schema costs ~1.5 ms a call."""
+        body, structured = self.as_sent(logical, schema)
+        extra = {key: body[key] for key in ("response_format",) if key in body}
+        tier = self.tier(tries, label)
+        if tier:
+            extra["service_tier"] = tier
+        return ({**logical, "extra_body": extra} if extra else logical), structured
+
+    def as_sent(self, logical: dict, schema: dict | None) -> tuple[dict, str]:
+        """(the request's body as it is sent, the response format it holds as recorded): a batch's line."""
+        structured, response_format = response_format_for(
+            self.cfg.structured_output, schema, self.schema_rejected.is_set()
+        )
+        return ({**logical, "response_format": response_format} if response_format else logical), structured
+
+    def tier(self, tries: Attempts, label: str) -> str:
+        """The tier this attempt asks for ("" for auto: nothing sent); flex until flex_fallback_after
+        429s "resource unavailable" for this request, then auto, with one warning for the run."""
+        tier, after = self.cfg.service_tier, self.cfg.flex_fallback_after
+        if tier is ServiceTier.auto or tries.fell_back:
+            return ""
+        if tier is ServiceTier.flex and after is not None and tries.unavailable >= after:
+            tries.fell_back = True
+            if not self._fallback_said.is_set():
+                self._fallback_said.set()
+                log.warning(
+                    "%s: flex capacity unavailable %d times; sent at auto (listed price) from then on, as "
+                    "optimizer.flex_fallback_after=%d says (each such request is recorded with its tier)",
+                    label or "a request",
+                    tries.unavailable,
+                    after,
+                )
+            return ""
+        return tier.value
+
+
 class OptimizerClient(Optimizer):  # made whole by make_client: `ready` has nothing to do
     """Calls, with retries, the response cache and the rate limits of `optimizer.*`."""
 
@@ -235,12 +302,10 @@ class OptimizerClient(Optimizer):  # made whole by make_client: `ready` has noth
         self._gate = gate
         self._secret = secret
         self.cache = cache
-        self._endpoint = endpoint or {}  # which server answers: part of the cache key
+        self.shapes = Shapes(cfg, endpoint or {})
         self._limiter = RateLimiter(cfg.rpm, cfg.tpm, stop=self._transport.closing) if (cfg.rpm or cfg.tpm) else None
-        self._schema_rejected = threading.Event()  # `auto`: this server answered 400 to a JSON schema
         self._warned: set[str] = set()  # the usage fields already warned about
         self._watch = EndpointWatch()
-        self._fallback_said = threading.Event()  # flex_fallback_after's one warning
 
     def complete(
         self,
@@ -254,14 +319,10 @@ class OptimizerClient(Optimizer):  # made whole by make_client: `ready` has noth
         optimizer.samples > 1, sent as the request's seed; `label` names the request in retry lines."""
         if self._stopped():
             raise self._watch.ended()
-        key = ""  # hashing the whole request only pays when there is a cache to ask
-        if self.cache:
-            key, logical = self.keyed(messages, max_output_tokens, schema, sample)
-            hit = self._hit(key)
-            if hit is not None:
-                return hit
-        else:
-            logical = request_body(self.cfg, messages, max_output_tokens, self._sample(sample))
+        key, logical = self.shapes.keyed(messages, max_output_tokens, schema, sample, hashed=bool(self.cache))
+        hit = used_reply(self.cache, key) if self.cache else None
+        if hit is not None:
+            return hit
         refused = self._gate(key, len(messages) <= 2) if self._gate is not None else None
         if refused is not None:
             raise CallError(refused)
@@ -270,45 +331,6 @@ class OptimizerClient(Optimizer):  # made whole by make_client: `ready` has noth
         if self.cache:
             self.cache.put(key, cache_entry(reply))
         return reply
-
-    def keyed(
-        self, messages: list[dict], max_output_tokens: int, schema: dict | None = None, sample: int | None = None
-    ) -> tuple[str, dict]:
-        """(the response cache's key, the request before any response format): what identifies a request."""
-        sample = self._sample(sample)
-        logical = request_body(self.cfg, messages, max_output_tokens, sample)
-        key = cache_key(
-            {
-                **logical,
-                "endpoint": self._endpoint,
-                "schema": schema,
-                "sample": sample,
-                "structured_output": self.cfg.structured_output.value,
-            }
-        )
-        return key, logical
-
-    def as_sent(self, logical: dict, schema: dict | None) -> tuple[dict, str]:
-        """(the request's body as it is sent, the response format it holds as recorded): a batch's line."""
-        structured, response_format = response_format_for(
-            self.cfg.structured_output, schema, self._schema_rejected.is_set()
-        )
-        return ({**logical, "response_format": response_format} if response_format else logical), structured
-
-    def peek(self, key: str) -> Reply | None:
-        """The cache's reply to `key`, not used up (a batch's line stays its first user's call)."""
-        return cached_reply(self.cache.get(key), key) if self.cache else None
-
-    def _hit(self, key: str) -> Reply | None:
-        """The cache's reply; a batch's line on its first use is this request's call, paid by the batch."""
-        assert self.cache is not None
-        hit = cached_reply(self.cache.get(key), key)
-        if hit is not None and hit.batch_id and self.cache.claim(key):
-            hit.from_cache = False
-        return hit
-
-    def _sample(self, sample: int | None) -> int:
-        return self.cfg.sample if sample is None else sample
 
     def close(self) -> None:
         """Abandon the calls in flight (each ends at once as a CallError), refuse new ones, and
@@ -357,44 +379,18 @@ class OptimizerClient(Optimizer):  # made whole by make_client: `ready` has noth
     def _send(self, logical: dict, schema: dict | None, tokens: int, tries: Attempts, label: str) -> tuple:
         """One attempt: (completion, monotonic and wall start, response format sent). With
         structured_output=auto, a 400 to the JSON schema is asked again without it, here."""
-        body, structured = self.as_sent(logical, schema)
-        extra = {key: body[key] for key in ("response_format",) if key in body}
-        tier = self._tier(tries, label)
-        if tier:
-            extra["service_tier"] = tier
-        # as extra_body: the SDK's typed transform of a nested schema costs ~1.5 ms a call
-        request = {**logical, "extra_body": extra} if extra else logical
+        request, structured = self.shapes.request(logical, schema, tries, label)
         try:
             return *self._create(request, tokens, tries), structured
         except openai.BadRequestError as exc:
             auto = structured == "json_schema" and self.cfg.structured_output is StructuredOutput.auto
             if not auto or not about_schema(exc):
                 raise
-        if not self._schema_rejected.is_set():
-            self._schema_rejected.set()
+        if not self.shapes.schema_rejected.is_set():
+            self.shapes.schema_rejected.set()
             log.warning("the server rejected a JSON schema (HTTP 400); asking without one from now on")
-        plain = {**logical, "extra_body": {"service_tier": tier}} if tier else logical
-        return *self._create(plain, tokens, tries), "off"
-
-    def _tier(self, tries: Attempts, label: str) -> str:
-        """The tier this attempt asks for ("" for auto: nothing sent); flex until flex_fallback_after
-        429s "resource unavailable" for this request, then auto, with one warning for the run."""
-        tier, after = self.cfg.service_tier, self.cfg.flex_fallback_after
-        if tier is ServiceTier.auto or tries.fell_back:
-            return ""
-        if tier is ServiceTier.flex and after is not None and tries.unavailable >= after:
-            tries.fell_back = True
-            if not self._fallback_said.is_set():
-                self._fallback_said.set()
-                log.warning(
-                    "%s: flex capacity unavailable %d times; sent at auto (listed price) from then on, as "
-                    "optimizer.flex_fallback_after=%d says (each such request is recorded with its tier)",
-                    label or "a request",
-                    tries.unavailable,
-                    after,
-                )
-            return ""
-        return tier.value
+        tier = {k: v for k, v in request.get("extra_body", {}).items() if k == "service_tier"}
+        return *self._create({**logical, "extra_body": tier} if tier else logical, tokens, tries), "off"
 
     def _create(self, request: dict, tokens: int, tries: Attempts) -> tuple[Completion, float, float]:
         """(completion, monotonic and wall-clock start) of one request, its body checked."""
@@ -408,10 +404,9 @@ class OptimizerClient(Optimizer):  # made whole by make_client: `ready` has noth
             body = self._transport.post(request)
         except Exception as exc:
             if request.get("extra_body", {}).get("service_tier") == "flex" and flex_unavailable(exc):
-                tries.unavailable += 1
-                raise
+                tries.unavailable += 1  # no capacity now: not the endpoint's fault, asked again
             # before any reply, every call of the run would fail the same way: none is sent again
-            if self._watch.judge(exc, self.cfg, self._endpoint.get("base_url", ""), self._secret):
+            elif self._watch.judge(exc, self.cfg, self.shapes.endpoint.get("base_url", ""), self._secret):
                 self._transport.close()
             raise
         self._watch.answered.set()
