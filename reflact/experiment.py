@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reflact.analysis.figures import Run, analyse_run_dir, run_from
 from reflact.analysis.figures import warm as analysis_warm
@@ -19,18 +20,19 @@ from reflact.calls.deferred import Deferred, api_key
 from reflact.calls.protocol import CHARS_PER_TOKEN, DRY_RUN_REPLY_TOKENS, DryRunEstimator, Optimizer
 from reflact.config import Execution, ReflactConfig, how_to_price, priced
 from reflact.errors import Stopped
+from reflact.imports import one_at_a_time
 from reflact.inputs.dataset import Dataset, load_dataset
 from reflact.modes import get_mode
-from reflact.running.batch import Batching
-from reflact.running.batch_requests import Unit
-from reflact.running.batch_runner import Stop
-from reflact.running.batch_state import load_state
 from reflact.running.events import BatchNoted, Replied
 from reflact.running.rundir import RunDir, SweepDir, locked
 from reflact.running.stage import Stage
 from reflact.running.summary import run_status, summarize, usd
 from reflact.tracking.live import LiveRun
 from reflact.tracking.process import RunContext, SpareTracker
+
+if TYPE_CHECKING:  # batch execution's modules come with the OpenAI SDK: imported when a run batches
+    from reflact.running.batch import Batching
+    from reflact.running.batch_runner import Stop
 
 log = logging.getLogger("reflact")
 
@@ -95,6 +97,11 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
 def batching_for(cfg: ReflactConfig, dataset: Dataset, run_dir: Path, launch: Launch) -> Batching:
     """The run's batch (reflact.running.batch), its state in the run dir; a sweep's job also knows
     what its sweep's batch could not answer."""
+    with one_at_a_time():  # the SDK comes with them
+        from reflact.running.batch import Batching
+        from reflact.running.batch_requests import Unit
+        from reflact.running.batch_state import load_state
+
     go_on = launch.go_on or f"reflact.reflect(..., run_dir={str(run_dir)!r})"
     unit = Unit(cfg, dataset, Path(run_dir))
     batching = Batching(RunDir(run_dir).batch_files(), [unit], RunDir(run_dir).root.name, launch.launch_dir, go_on)

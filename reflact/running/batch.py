@@ -37,9 +37,10 @@ Design.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from reflact.calls.batches import BatchApi, BatchFault, NoBatchApi, input_line
@@ -68,7 +69,7 @@ class Batching:
         self.launch_dir = launch_dir
         self._clients: dict[str, OptimizerClient] = {}
         self._api: BatchApi | None = None
-        cache_path = LaunchDir(launch_dir).cache(self.o.cache_path)
+        cache_path = LaunchDir(launch_dir).cache(self.o.cache_path).resolve()
         state = load_state(files) or BatchState(name, endpoint_settings(self.o), str(cache_path))
         self.runner = BatchRunner(files, state, self.api, price=self.o.prices.get(self.o.model))
         self.sent_now: set[str] = set()  # requests this command put in a batch
@@ -88,6 +89,8 @@ class Batching:
     def finish(self, notify: Callable[[list[dict]], None], wait: bool | None = None) -> Stop | None:
         """Submits, waits, collects, and goes on with the next rounds until the cache answers every
         request a batch may; a Stop when the command returns first (its batches left to run)."""
+        if not self.state.submissions:  # nothing was ever needed (a sweep's job its sweep answered)
+            return None
         self.runner.notify = notify
         self.runner.cache = self.runner.cache or ResponseCache(Path(self.state.cache_path), self.o.cache)
         self.runner.secret = self.api().secret
@@ -102,13 +105,17 @@ class Batching:
 
     def gate(self, key: str, first: bool) -> str | None:
         """Why the stage may not send a request the cache does not answer (None: it may)."""
-        for ledger in self.ledgers:
-            ask = ledger.requests.get(key)
-            if ask is not None and ask.state == "failed":
-                return f"the batch did not answer it: {ask.error}"
+        failed = self._failed(key)
+        if failed:
+            return f"the batch did not answer it: {failed}"
         if not first and self.o.batch_reasks is BatchReasks.live:
             return None
         return f"not answered by a batch; {self.go_on} sends it in the next one"
+
+    def _failed(self, key: str) -> str:
+        """Why a batch (this one's, or a sweep's for its job) gave up on `key` ("" if none did)."""
+        asks = [ledger.requests.get(key) for ledger in self.ledgers]
+        return next((ask.error for ask in asks if ask is not None and ask.state == "failed"), "")
 
     def close(self) -> None:
         for client in self._clients.values():
@@ -138,7 +145,7 @@ class Batching:
             if not request.first and self.o.batch_reasks is BatchReasks.live:
                 continue
             answered_elsewhere = ask is not None and ask.state == "done" and key in self.sent_now
-            if ask is not None and (ask.state in ("in_flight", "failed") or answered_elsewhere):
+            if ask is not None and (ask.state in ("in_flight", "failed") or answered_elsewhere) or self._failed(key):
                 continue
             if ask is not None and ask.attempts >= self.o.retry.max_attempts:
                 ask.state, ask.error = "failed", f"no answer after {ask.attempts} batches (last: {ask.error})"
@@ -229,6 +236,29 @@ def prepare(runner: BatchRunner, new: dict[str, Request], o: OptimizerConfig) ->
     runner.save()
 
 
+def drop_answered(runner: BatchRunner) -> None:
+    """Input files not uploaded yet lose the requests answered meanwhile (an engine's output
+    imported): a file left with none is dropped, the others written again with the rest."""
+    for sub in [s for s in runner.state.in_flight() if not s.file_id]:
+        left = [key for key in sub.custom_ids if runner.state.requests[key].state == "in_flight"]
+        if len(left) == len(sub.custom_ids):
+            continue
+        path = runner.files.own_file(sub.file)
+        assert path is not None  # the state's own names
+        kept = [line for line in path.read_text(encoding="utf-8").splitlines(True) if _custom_id(line) in left]
+        write_text(path, "".join(kept))
+        sub.custom_ids = left
+        sub.status = "prepared" if left else "dropped"
+    runner.save()
+
+
+def _custom_id(line: str) -> str:
+    try:
+        return str(json.loads(line).get("custom_id", ""))
+    except (ValueError, AttributeError):
+        return ""
+
+
 def split_lines(new: dict[str, Request], max_lines: int, max_bytes: int) -> list[list[tuple[str, str]]]:
     """(custom_id, line) in files of at most `max_lines` lines and `max_bytes` bytes each."""
     files: list[list[tuple[str, str]]] = [[]]
@@ -260,4 +290,5 @@ def endpoint_settings(o: OptimizerConfig) -> dict:
         "timeout_s": o.timeout_s,
         "retry": {k: getattr(o.retry, k) for k in ("max_attempts", "max_seconds", "initial_wait_s", "max_wait_s")},
         "model": o.model,
+        "price": asdict(o.prices[o.model]) if o.model in o.prices else None,
     }

@@ -35,6 +35,7 @@ class Intake:
     cache: ResponseCache | None = None
     price: Price | None = None  # the listed price: a line costs the batch's (Price.at)
     secret: str = ""
+    tier: str = "batch"  # what its lines cost: the batch's price ("" for a local engine's output: the listed one)
     _warned: set[str] = field(default_factory=set)
 
     def collect(self, sub: Submission) -> None:
@@ -94,12 +95,12 @@ class Intake:
             "finish_reason": completion.finish_reason,
             "structured": ask.structured,
             "usage": asdict(completion.usage),
-            "service_tier": "batch",
+            "service_tier": self.tier,
             "batch": batch_id,
         }
         if self.cache is not None:
             self.cache.put_batch(key, entry)
-        price = self.price.at("batch") if self.price is not None else None
+        price = self.price.at(self.tier) if self.price is not None else None
         self.state.spent_usd += capped_cost(completion.usage.cost_usd(price), ask.worst or float("inf"))
         ask.state, ask.error = "done", ""
 

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reflact.calls.cache import cached_reply
-from reflact.calls.client import OptimizerClient
 from reflact.calls.protocol import CallError, Optimizer, Reply
 from reflact.config import ReflactConfig
 from reflact.inputs.dataset import Dataset
 from reflact.prompting.plan import plan_minibatches, with_draws
 from reflact.running.ask import worst_cost
 from reflact.running.stage import Ready, Stage
+
+if TYPE_CHECKING:  # the client comes with the OpenAI SDK: a look ahead is given one
+    from reflact.calls.client import OptimizerClient
 
 WAITING = "waiting for a batch"
 
