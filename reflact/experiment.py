@@ -69,14 +69,16 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
     batching = batching_for(cfg, dataset, run_dir, launch) if cfg.optimizer.execution is Execution.batch else None
     optimizer = make_optimizer(cfg, launch.launch_dir, dataset.skill, gate=batching.gate if batching else None)
     stage = Stage(cfg, dataset, optimizer, run_dir)
+    if batching is not None:  # over the cap, a request over the file limit: one line, nothing written
+        batching.check()
     with locked(stage.run_dir), _closed(batching):
         if launch.record_config is not None:
             launch.record_config()
-        if batching is not None:  # over the cap, or no Batch API: one line, nothing uploaded, no MLflow run
+        if batching is not None:  # no Batch API: one line naming export, nothing uploaded, no MLflow run
             batching.first()
         tracker = _tracker(cfg, params, stage, launch, started_at) if cfg.mlflow.enabled else None
         try:
-            stop = batching.finish(lambda notes: stage.publish(BatchNoted(notes))) if batching else None
+            stop = batching.finish(lambda notes, step: stage.publish(BatchNoted(notes, step))) if batching else None
             if stop is not None:
                 return _left_to_run(stop, stage, optimizer, tracker)
             return _run(cfg, stage, optimizer, tracker, started_at, launch.launch_dir)

@@ -61,7 +61,8 @@ log = logging.getLogger("reflact")
 
 class Batching:
     """The batch of one run or sweep: its rounds, and what the stage may send when the cache has no
-    reply (`gate`). `first` does what may refuse the batch (nothing uploaded), `finish` the rest."""
+    reply (`gate`). `check` and `first` do what may refuse the batch (nothing uploaded), `finish`
+    the rest."""
 
     def __init__(self, files: BatchFiles, units: list[Unit], name: str, launch_dir: Path, go_on: str) -> None:
         self.units, self.name, self.go_on = units, name, go_on
@@ -74,19 +75,25 @@ class Batching:
         self.runner = BatchRunner(files, state, self.api, price=self.o.prices.get(self.o.model))
         self.sent_now: set[str] = set()  # requests this command put in a batch
         self.ledgers = [state]  # whose failures `gate` reports (a sweep job's: its sweep's too)
+        self._next: tuple[dict[str, Request], list] = ({}, [])  # the first round, once checked
 
     @property
     def state(self) -> BatchState:
         return self.runner.state
 
+    def check(self) -> None:
+        """What the runs ask for first, held to the cost cap and the file limit before anything is
+        written (a run's dir not held yet): UserError with nothing written or uploaded."""
+        self._next = self._ahead(first=True)
+
     def first(self) -> None:
-        """The first round: what the runs ask for, checked against the cost cap and the server's
-        Batch API, written as input files. Raises UserError with nothing uploaded."""
-        self._round(first=True)
+        """The first round written as input files (the dir held), and the server's Batch API looked
+        for before any upload: UserError naming `export` when it has none."""
+        self._write(self._next)
         if any(not s.batch_id for s in self.state.in_flight()):
             self._probe()
 
-    def finish(self, notify: Callable[[list[dict]], None], wait: bool | None = None) -> Stop | None:
+    def finish(self, notify: Callable[[list[dict], int], None], wait: bool | None = None) -> Stop | None:
         """Submits, waits, collects, and goes on with the next rounds until the cache answers every
         request a batch may; a Stop when the command returns first (its batches left to run)."""
         if not self.state.submissions:  # nothing was ever needed (a sweep's job its sweep answered)
@@ -127,14 +134,23 @@ class Batching:
 
     def _round(self, first: bool) -> bool:
         """Looks ahead; writes the requests to send as new input files. Whether there are any."""
+        ahead = self._ahead(first)
+        self._write(ahead)
+        return bool(ahead[0])
+
+    def _ahead(self, first: bool) -> tuple[dict[str, Request], list]:
+        """(the requests to send next, within the cap; their input files' lines)."""
         found: dict[str, Request] = {}
         for unit in self.units:
             look_ahead(unit, Collector(self._client(unit.cfg.optimizer), found))
         new = within_cap(self.state, self._sendable(found), self.o.max_cost_usd, first)
+        return new, split_lines(new, self.o.batch_max_requests, int(self.o.batch_max_mb * 1_000_000))
+
+    def _write(self, ahead: tuple[dict[str, Request], list]) -> None:
+        new, files = ahead
         if new:
-            prepare(self.runner, new, self.o)
+            prepare(self.runner, new, files)
             self.sent_now.update(new)
-        return bool(new)
 
     def _sendable(self, found: dict[str, Request]) -> dict[str, Request]:
         """The requests to send now: not in flight, not failed, not sent by this command already
@@ -217,12 +233,12 @@ def within_cap(state: BatchState, new: dict[str, Request], cap: float | None, fi
     return {}
 
 
-def prepare(runner: BatchRunner, new: dict[str, Request], o: OptimizerConfig) -> None:
-    """The requests as input files of at most batch_max_requests lines and batch_max_mb each,
-    noted in the state (in flight) before anything is uploaded."""
+def prepare(runner: BatchRunner, new: dict[str, Request], files: list[list[tuple[str, str]]]) -> None:
+    """The requests as input files (`split_lines`), noted in the state (in flight) before anything
+    is uploaded."""
     state = runner.state
     round_number = max((s.round for s in state.submissions), default=0) + 1
-    for chunk in split_lines(new, o.batch_max_requests, int(o.batch_max_mb * 1_000_000)):
+    for chunk in files:
         path = runner.files.input_path(state.next_file())
         write_text(path, "".join(line for _, line in chunk))
         custom_ids = [key for key, _ in chunk]

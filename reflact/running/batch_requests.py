@@ -12,7 +12,7 @@ for, keyed and shaped as the client will send it. All parts of a split minibatch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +21,7 @@ from reflact.calls.protocol import CallError, Optimizer, Reply
 from reflact.config import ReflactConfig
 from reflact.inputs.dataset import Dataset
 from reflact.prompting.plan import plan_minibatches, with_draws
-from reflact.running.ask import worst_cost
+from reflact.running.ask import Spend, worst_cost
 from reflact.running.stage import Ready, Stage
 
 if TYPE_CHECKING:  # the client comes with the OpenAI SDK: a look ahead is given one
@@ -89,6 +89,8 @@ class Collector(Optimizer):
 def look_ahead(unit: Unit, collector: Collector) -> None:
     """Notes in `collector` every request the run would make next."""
     stage = Stage(unit.cfg, unit.dataset, collector, unit.run_dir, observers=[])
+    # the batch as a whole is held to optimizer.max_cost_usd before anything is uploaded (reflact.running.batch)
+    stage.asker = replace(stage.asker, spend=Spend(None))
     o = unit.cfg.optimizer
     for mb in with_draws(plan_minibatches(unit.dataset.results, unit.cfg.reflect), o.samples):
         ready = stage.prepare(mb, write=False)

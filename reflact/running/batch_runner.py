@@ -42,14 +42,16 @@ class BatchRunner:
     api: Callable[[], BatchApi]  # made when first needed (a look at the state needs none)
     cache: ResponseCache | None = None
     price: Price | None = None  # the listed price: a line costs the batch's (Price.at)
-    notify: Callable[[list[dict]], None] = lambda notes: None  # what tracking shows of the batches
+    notify: Callable[[list[dict], int], None] = lambda notes, step: None  # what tracking shows of the batches
     secret: str = ""
 
     def save(self) -> None:
         save_state(self.files, self.state)
 
     def told(self) -> None:
-        self.notify([s.note() for s in self.state.submissions if s.batch_id])
+        """Tracking hears how the batches stand; `step` counts over the commands of the batch."""
+        self.state.notes += 1
+        self.notify([s.note() for s in self.state.submissions if s.batch_id], self.state.notes)
 
     # ------------------------------------------------------------------ submitting
 

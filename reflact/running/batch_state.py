@@ -97,6 +97,7 @@ class BatchState:
     submissions: list[Submission] = field(default_factory=list)
     requests: dict[str, Ask] = field(default_factory=dict)
     spent_usd: float = 0.0  # what its collected lines cost (at the batch's price)
+    notes: int = 0  # how often tracking was told how the batches stand (its metrics' step)
     updated_at: float = field(default_factory=time.time)
 
     def in_flight(self) -> list[Submission]:

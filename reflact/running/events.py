@@ -67,6 +67,7 @@ class BatchNoted:
     counts, status times and usage (BatchState's notes). Published while the run waits for them."""
 
     batches: list[dict]
+    step: int  # counted over the commands that waited for them (the metrics' step)
 
 
 Event = Planned | CallStarted | Replied | MinibatchEnded | EndpointFailed | BatchNoted

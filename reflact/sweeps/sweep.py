@@ -47,6 +47,7 @@ class MlflowSweep(Callback):
         SweepDir(sweep_dir).clear_failed_jobs()
         batching = _batching(config, sweep_dir, launch_dir)
         if batching is not None:  # over the cap, no Batch API: one line, nothing uploaded, no parent run
+            batching.check()
             batching.first()
         if config.mlflow.enabled:
             self._start_parent(config, sweep_dir, launch_dir, fixed, swept)
@@ -126,13 +127,10 @@ class MlflowSweep(Callback):
         to run, the parent is SCHEDULED, the one command that goes on is said, and no job runs."""
         from reflact.tracking.store import batch_view, end_run
 
-        notes = [0]
-
-        def shown(batches: list[dict]) -> None:  # on the parent: its tags and metrics
+        def shown(batches: list[dict], step: int) -> None:  # on the parent: its tags and metrics
             if self._open is not None:
-                notes[0] += 1
                 tags, metrics = batch_view(batches)
-                self._open[0].log_metrics([(k, v, notes[0]) for k, v in metrics.items()], now_ms(), tags)
+                self._open[0].log_metrics([(k, v, step) for k, v in metrics.items()], now_ms(), tags)
 
         try:
             stop = batching.finish(shown)

@@ -119,13 +119,11 @@ class Batches:
     the batches that answered its calls."""
 
     ids: set[str] = field(default_factory=set)
-    notes: int = 0  # the step of the batches' metrics
 
-    def noted(self, notes: list[dict]) -> Batch:
-        self.notes += 1
-        self.ids.update(str(note["id"]) for note in notes if note.get("id"))
-        tags, metrics = batch_view(notes)
-        return Batch([(key, value, self.notes) for key, value in metrics.items()], tags={**tags, **self._tag()})
+    def noted(self, event: BatchNoted) -> Batch:
+        self.ids.update(str(note["id"]) for note in event.batches if note.get("id"))
+        tags, metrics = batch_view(event.batches)
+        return Batch([(key, value, event.step) for key, value in metrics.items()], tags={**tags, **self._tag()})
 
     def used(self, outcome: Outcome) -> dict[str, str]:
         """The tag again when the minibatch's calls name a batch not named yet."""
@@ -200,7 +198,7 @@ class Mirror:
                 batch.files += self.context.run_dir.minibatch_files(event.outcome.tag, event.patch is not None)
                 batch.tags.update(self.batches.used(event.outcome))
             elif isinstance(event, BatchNoted):
-                batch.extend(self.batches.noted(event.batches))
+                batch.extend(self.batches.noted(event))
         if any(isinstance(e, MinibatchEnded) for e in events):
             totals = total_metrics(self.totals.counts(), self.context.cfg.optimizer.dry_run)
             batch.rows += [(key, value, self.totals.ended) for key, value in totals.items()]
