@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import cast
 
 from reflact.config import ReflactConfig, literal
-from reflact.errors import UserError, user_error_message
+from reflact.errors import StopSignal, UserError, user_error_message
 from reflact.imports import one_at_a_time
 from reflact.launch import LaunchDir
 
@@ -73,15 +74,20 @@ def reflect(
     """
     check_arguments(data=data, predictions=predictions, run_dir=run_dir, launch_dir=launch_dir)
     launch = usable_folder(Path(launch_dir or Path.cwd()).resolve(), "launch_dir")
-    cfg = compose(overrides) if config is None else with_overrides(config, overrides)
-    folder = usable_folder(Path(run_dir).resolve(), "run_dir") if run_dir else LaunchDir(launch).new_run_dir()
-    given = results is not None or skill is not None or conversations is not None
-    inputs = python_inputs(results, skill, conversations, predictions) if given else None
-    return _reflect(cfg, data, inputs, folder, launch)
+    # on the main thread, Ctrl-C is noted for the calls while this runs (reflact.errors.StopSignal)
+    with StopSignal().handling(signal.SIGINT) as signals:
+        cfg = compose(overrides) if config is None else with_overrides(config, overrides)
+        folder = usable_folder(Path(run_dir).resolve(), "run_dir") if run_dir else LaunchDir(launch).new_run_dir()
+        given = results is not None or skill is not None or conversations is not None
+        inputs = python_inputs(results, skill, conversations, predictions) if given else None
+        return _reflect(cfg, data, inputs, folder, launch, signals)
 
 
-def _reflect(cfg: ReflactConfig, data, inputs: PythonInputs | None, folder: Path, launch: Path) -> Reflection:
+def _reflect(
+    cfg: ReflactConfig, data, inputs: PythonInputs | None, folder: Path, launch: Path, signals: StopSignal
+) -> Reflection:
     from reflact.config import from_hydra
+    from reflact.experiment import Launch
     from reflact.running.newdir import discarded_on_mistake, first_missing
 
     # a folder made here goes again when a mistake stops the run before any call
@@ -93,7 +99,8 @@ def _reflect(cfg: ReflactConfig, data, inputs: PythonInputs | None, folder: Path
         with as_user_error():
             cfg, params = from_hydra(_structured(cfg))
         with _logging_shown(), environment_kept("MLFLOW_"):
-            return run(cfg, params, folder, launch)
+            launched = Launch(launch, record_config=lambda: _record_config(cfg, folder), signals=signals)
+            return run(cfg, params, folder, launched)
 
 
 def run(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch) -> Reflection:

@@ -6,11 +6,14 @@ file or line at fault, and exit code 2; anything else is a bug and keeps its tra
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import signal
 import sys
-from collections.abc import Callable
-from typing import TypeVar
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from reflact.imports import one_at_a_time
 
@@ -38,16 +41,65 @@ class Stopped(KeyboardInterrupt):
         self.exit_code = exit_code
 
 
-def raise_stopped_on_sigterm() -> None:
-    """SIGTERM stops the run the way Ctrl-C does (no new call, records kept), with exit code 143."""
-    import signal
-    import threading
+class StopSignal:
+    """Ctrl-C (SIGINT) or SIGTERM received while a command or a reflect() call runs: its handlers note
+    the signal here before they raise Stopped, and every request checks the note before it starts
+    (`stopping`). The exception alone is not enough: Python raises it wherever the main thread is
+    when the signal comes, and a library's bare `except:` or a finalizer running just then swallows
+    it (CPython prints "Exception ignored" and goes on), and the run would go on calling. The note
+    is one attribute written by the handler, with no lock taken: a handler runs between any two
+    steps of the main thread, which may hold any lock just then."""
 
-    def stop(signum, frame) -> None:
-        raise Stopped("terminated", exit_code=143)
+    def __init__(self) -> None:
+        self.received: Stopped | None = None  # the first signal's, once one came
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, stop)
+    def install(self, *signums: int) -> dict[int, Any]:
+        """From now on these signals note themselves and raise Stopped (SIGINT: 130, SIGTERM: 143);
+        returns the handlers they had. Only the main thread can; a signal ignored (a background
+        job's SIGINT) stays ignored."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {signum: signal.getsignal(signum) for signum in signums}
+        for signum, handler in previous.items():
+            if handler is not signal.SIG_IGN:
+                signal.signal(signum, self._stop)
+        return previous
+
+    @contextlib.contextmanager
+    def handling(self, *signums: int) -> Iterator[StopSignal]:
+        """`install` while the block runs; the handlers found are put back after it."""
+        previous = self.install(*signums)
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    def _stop(self, signum: int, frame: object) -> None:
+        stopped = Stopped("terminated", exit_code=143) if signum == signal.SIGTERM else Stopped()
+        if self.received is None:
+            self.received = stopped
+        raise stopped
+
+    def check(self) -> None:
+        """Raises Stopped when a signal came, whether or not its own exception got through."""
+        if self.received is not None:
+            raise Stopped(str(self.received), self.received.exit_code)
+
+    def stopping(self) -> threading.Event:
+        """A stage's stop: set by the stage itself, and set from the moment a signal is noted."""
+        return _Stopping(self)
+
+
+class _Stopping(threading.Event):
+    """An event that also reads as set once its signal is noted (is_set takes no lock)."""
+
+    def __init__(self, signals: StopSignal) -> None:
+        super().__init__()
+        self.signals = signals
+
+    def is_set(self) -> bool:
+        return self.signals.received is not None or super().is_set()
 
 
 def user_error_message(exc: BaseException) -> str | None:

@@ -10,6 +10,7 @@ import atexit
 import contextlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reflact import shipped, usage
-from reflact.errors import RunFailed, exits_on_user_error, fails_the_job, raise_stopped_on_sigterm, warnings_to_run_log
+from reflact.errors import RunFailed, StopSignal, exits_on_user_error, fails_the_job, warnings_to_run_log
 from reflact.imports import one_at_a_time
 from reflact.tracking.process import SpareTracker
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 
-def _job(dict_cfg: DictConfig, spare: SpareTracker) -> float | None:
+def _job(dict_cfg: DictConfig, spare: SpareTracker, signals: StopSignal) -> float | None:
     with one_at_a_time():
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
@@ -37,20 +38,24 @@ def _job(dict_cfg: DictConfig, spare: SpareTracker) -> float | None:
     # inside the job too: Hydra would wrap a mistake in its own report; in a sweep a failed job
     # is the sweep's to record (reflact.sweeps.sweep), so that the other jobs still run
     job = exits_on_user_error(fails_the_job(_run) if multirun else _run_fresh)
-    return job(dict_cfg, hc, multirun, spare)
+    return job(dict_cfg, hc, multirun, spare, signals)
 
 
-def _run_fresh(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker) -> float | None:
+def _run_fresh(
+    dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker, signals: StopSignal
+) -> float | None:
     """A single run: the run dir Hydra made for it goes again when a mistake stops it."""
     from reflact.running.newdir import FRESH_ENV, discarded_on_mistake
 
     made = os.environ.get(FRESH_ENV)
     # Hydra's own log file is all a fresh run dir holds before the run writes anything
     with discarded_on_mistake(Path(hc.runtime.output_dir), Path(made) if made else None, {f"{hc.job.name}.log"}):
-        return _run(dict_cfg, hc, multirun, spare)
+        return _run(dict_cfg, hc, multirun, spare, signals)
 
 
-def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker) -> float | None:
+def _run(
+    dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker, signals: StopSignal
+) -> float | None:
     with one_at_a_time():
         import hydra
 
@@ -68,6 +73,7 @@ def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTrack
         tuple(hc.overrides.task),
         record_config=lambda: _record_config(dict_cfg, hc, run_dir),
         tracker=spare,
+        signals=signals,
     )
     result = run(cfg, params, run_dir, launch)
     if result.status == "FAILED":
@@ -108,7 +114,9 @@ def main() -> None:
 
 @exits_on_user_error  # config errors raised while Hydra composes
 def _main() -> None:
-    raise_stopped_on_sigterm()
+    # first thing: Ctrl-C and SIGTERM are noted for every call of every job from here on
+    signals = StopSignal()
+    signals.install(signal.SIGINT, signal.SIGTERM)
     help_wanted = usage.wanted(sys.argv[1:])  # Hydra's spelling of the overrides changes no flag
     spare = SpareTracker() if help_wanted else _spare_tracker(sys.argv[1:])
     try:
@@ -127,7 +135,7 @@ def _main() -> None:
         # decorated here, not at import: Hydra 1.4 warns about version_base as it decorates, and
         # only now do warnings go to the log (exits_on_user_error)
         job = hydra.main(config_path=str(shipped.conf_dir()), config_name="config", version_base="1.3")(
-            lambda dict_cfg: _job(dict_cfg, spare)
+            lambda dict_cfg: _job(dict_cfg, spare, signals)
         )
         with callbacks_allowed(), _mode_from_command_line():
             job()
