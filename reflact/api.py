@@ -27,6 +27,7 @@ from typing import cast
 
 from reflact.config import ReflactConfig, literal
 from reflact.errors import StopSignal, UserError, user_error_message
+from reflact.files import usable_folder
 from reflact.imports import one_at_a_time
 from reflact.launch import LaunchDir
 
@@ -149,9 +150,13 @@ def composed(overrides: Sequence[str] = ()):
 
 
 def with_overrides(cfg: ReflactConfig, overrides: Sequence[str]) -> ReflactConfig:
-    """A copy of `cfg` with plain `key=value` overrides applied (config groups need `compose`)."""
+    """A copy of `cfg` with plain `key=value` overrides applied, read as the command line reads
+    them (config.apply_settings: `optimizer.cache=off` is text, not YAML's false); config groups
+    need `compose`."""
     with one_at_a_time():
         from omegaconf import OmegaConf
+
+    from reflact.config import apply_settings
 
     if not isinstance(cfg, ReflactConfig):
         raise UserError(f"config: expected a ReflactConfig (reflact.api.compose makes one), got {type(cfg).__name__}")
@@ -163,9 +168,10 @@ def with_overrides(cfg: ReflactConfig, overrides: Sequence[str]) -> ReflactConfi
                 f"overrides: {override!r}: with a config object only key=value settings apply "
                 "(for config groups such as optimizer=... pass overrides without a config)"
             )
+    node = _structured(cfg)
+    apply_settings(node, overrides, "overrides:")
     with as_user_error():
-        merged = OmegaConf.merge(_structured(cfg), OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
-        return cast(ReflactConfig, OmegaConf.to_object(merged))
+        return cast(ReflactConfig, OmegaConf.to_object(node))
 
 
 @dataclass
@@ -245,14 +251,6 @@ def check_arguments(**paths: object) -> None:
             continue
         if not isinstance(value, (str, os.PathLike)) or not str(os.fspath(value)).strip():
             raise UserError(f"reflect(): {name} must be a folder's path, got {_shown(value)}")
-
-
-def usable_folder(path: Path, name: str) -> Path:
-    """A folder the run may make or use: neither it nor the nearest folder above it that exists is a file."""
-    existing = next((p for p in [path, *path.parents] if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise UserError(f"{name}: {existing} is a file, not a folder")
-    return path
 
 
 def _overrides(overrides: object) -> list[str]:

@@ -139,6 +139,7 @@ def _plugin_hint(text: str) -> str:
 
 WARNINGS_LOGGER = "py.warnings"  # where logging.captureWarnings sends them
 SHOWN = "reflact-shown-warnings"  # the handler of the warnings that stay on stderr
+OWN_LINES = "reflact-own-lines"  # a tool's console handler (own_lines_shown)
 
 
 class HeldWarnings(logging.Handler):
@@ -182,6 +183,31 @@ def warnings_to_run_log() -> None:
     for record in (record for h in held for record in h.records):
         for handler in files:
             handler.handle(record)
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to sys.stderr as it is when a line is written (the stream a caller swapped in, too)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def own_lines_shown() -> None:
+    """A tool's console (analyze, relog): reflact's own lines, INFO and up, on stderr, as `message`;
+    no other logger's (the HTTP client's line per request, MLflow's notes on its store)."""
+    root = logging.getLogger()
+    if not any(h.name == OWN_LINES for h in root.handlers):  # once a process (tests call main again)
+        shown = _Stderr()
+        shown.set_name(OWN_LINES)
+        shown.setFormatter(logging.Formatter("%(message)s"))
+        shown.addFilter(lambda record: record.name == "reflact" or record.name.startswith("reflact."))
+        root.addHandler(shown)
+    logging.getLogger("reflact").setLevel(logging.INFO)
 
 
 def exits_on_user_error(command: Callable[..., T]) -> Callable[..., T]:

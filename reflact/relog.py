@@ -18,7 +18,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from reflact.errors import UserError, exits_on_user_error
+from reflact.errors import UserError, exits_on_user_error, own_lines_shown
 from reflact.running.rundir import HYDRA, SUMMARY, RunDir, SweepDir, TraceRecords, recorded_requests
 
 log = logging.getLogger("reflact")
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--tracking-uri", default=None, help="default: the run's own mlflow.tracking_uri")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    own_lines_shown()
     run_id = relog(args.run_dir, Path.cwd(), args.tracking_uri)
     if run_id is None:
         return 1
