@@ -79,6 +79,19 @@ def test_analyze_set_mistakes_name_the_option_and_the_override(finished, item, n
     assert str(mistake.value).startswith(f"--set {item}: ") and names in str(mistake.value)
 
 
+def test_a_config_objects_overrides_read_as_the_command_line_does():
+    """reflect(config=..., overrides=[...]) and SkillOpt's install(overrides=[...]), whose README example
+    is `["optimizer.cache=off"]`: the same grammar as the command line, not YAML's."""
+    from reflact.api import compose, with_overrides
+
+    cfg = with_overrides(compose(["optimizer=dry_run"]), [
+        "optimizer.cache=off", "+optimizer.prices.my-model={input:1,cached_input:0.1,output:4}"])
+    assert cfg.optimizer.cache is CacheMode.off
+    assert cfg.optimizer.prices["my-model"] == {"input": 1, "cached_input": 0.1, "output": 4}
+    with pytest.raises(UserError, match=r"^overrides: optimizer.cache=maybe: Invalid value 'maybe'"):
+        with_overrides(cfg, ["optimizer.cache=maybe"])
+
+
 def readme_set_values() -> list[str]:
     """Every `--set VALUE` the README shows, unquoted as a shell would."""
     found = re.findall(r"--set\s+('[^']*'|[^\s`]+)", README)
