@@ -52,6 +52,7 @@ class StopSignal:
 
     def __init__(self) -> None:
         self.received: Stopped | None = None  # the first signal's, once one came
+        self._installed: list[int] = []
 
     def install(self, *signums: int) -> dict[int, Any]:
         """From now on these signals note themselves and raise Stopped (SIGINT: 130, SIGTERM: 143);
@@ -63,7 +64,15 @@ class StopSignal:
         for signum, handler in previous.items():
             if handler is not signal.SIG_IGN:
                 signal.signal(signum, self._stop)
+                self._installed.append(signum)
         return previous
+
+    def ended(self) -> None:
+        """The command is over, its records written: from now on its signals end the process at once
+        (the system's default) rather than raise into the interpreter's teardown, where Python
+        prints "Exception ignored in atexit callback" and goes on."""
+        for signum in self._installed:
+            signal.signal(signum, signal.SIG_DFL)
 
     @contextlib.contextmanager
     def handling(self, *signums: int) -> Iterator[StopSignal]:

@@ -104,18 +104,20 @@ def main() -> None:
     sys.modules.setdefault(AIOHTTP_TRANSPORT, None)  # type: ignore[arg-type]  # None: "cannot be imported"
     ending = _Ending()
     atexit.register(ending.now)  # before any handler of the run's own: it runs after all of them
+    signals = StopSignal()
     try:
-        _main()
+        _main(signals)
     except SystemExit as done:
         ending.code = done.code or 0 if isinstance(done.code, (int, type(None))) else None
         raise
+    finally:
+        signals.ended()
     ending.code = 0
 
 
 @exits_on_user_error  # config errors raised while Hydra composes
-def _main() -> None:
+def _main(signals: StopSignal) -> None:
     # first thing: Ctrl-C and SIGTERM are noted for every call of every job from here on
-    signals = StopSignal()
     signals.install(signal.SIGINT, signal.SIGTERM)
     help_wanted = usage.wanted(sys.argv[1:])  # Hydra's spelling of the overrides changes no flag
     spare = SpareTracker() if help_wanted else _spare_tracker(sys.argv[1:])

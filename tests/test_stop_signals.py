@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -240,3 +242,20 @@ def test_sigterm_while_requests_are_held_ends_the_run_killed_with_143(tmp_path, 
     check_stopped(result, launch_dir, code=143)
     assert result["count"] == 2 + WORKERS
 
+
+
+def test_a_signal_once_the_command_is_over_ends_the_process_quietly(tmp_path):
+    """The run is over, its records written; a Ctrl-C during the interpreter's teardown (an exit
+    handler running) ends the process at once, never an "Exception ignored" and a teardown that goes on."""
+    script = (
+        "import atexit, os, signal, time\n"
+        "from reflact import run\n"
+        "def command(signals):\n"
+        "    signals.install(signal.SIGINT, signal.SIGTERM)\n"
+        "    atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(2), print('went on')))\n"
+        "run._main = command\n"
+        "run.main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGINT, done.stderr
+    assert "went on" not in done.stdout and "Exception ignored" not in done.stderr and "Traceback" not in done.stderr
