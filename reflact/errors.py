@@ -1,4 +1,5 @@
-"""User mistakes: the one exception type for them, and how every command reports them.
+"""User mistakes: the one exception type for them, and how every command reports them (and what
+else a command ends on: a failed run, Ctrl-C and SIGTERM, noted by StopSignal).
 
 A mistake (bad config, bad input file) ends a command with one line on stderr naming the key,
 file or line at fault, and exit code 2; anything else is a bug and keeps its traceback.
@@ -83,6 +84,7 @@ class StopSignal:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+            self._installed = [signum for signum in self._installed if signum not in previous]
 
     def _stop(self, signum: int, frame: object) -> None:
         stopped = Stopped("terminated", exit_code=143) if signum == signal.SIGTERM else Stopped()
@@ -101,7 +103,8 @@ class StopSignal:
 
 
 class _Stopping(threading.Event):
-    """An event that also reads as set once its signal is noted (is_set takes no lock)."""
+    """An event that also reads as set once its signal is noted: is_set takes no lock (wait() does
+    not see the note; nothing waits on a stage's stop, requests poll it)."""
 
     def __init__(self, signals: StopSignal) -> None:
         super().__init__()
