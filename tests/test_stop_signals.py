@@ -177,7 +177,8 @@ def signalled_run(tmp_path: Path, launch_dir: Path, free: int | None, delay_s: f
         return {"done": done, "at_signal": at_signal, "count": server.count, "run_dir": run_dir}
 
 
-def check_stopped(result: dict, launch_dir: Path, code: int = 130, started_before: int = 0) -> None:
+def check_stopped(result: dict, launch_dir: Path, code: int = 130, started_before: int = 0,
+                  tracking: bool = True) -> None:
     done = result["done"]
     assert done.returncode == code, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -186,23 +187,27 @@ def check_stopped(result: dict, launch_dir: Path, code: int = 130, started_befor
     # no request after the signal: at most one a worker had decided on as it came (each worker then
     # holds its request until the gate opens, after the signal)
     assert result["count"] <= max(result["at_signal"], started_before), (result["at_signal"], result["count"])
-    runs = runs_of(f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}", result["run_dir"])
-    if result["at_signal"]:  # the run called: it is in MLflow, and says how to go on
+    if result["at_signal"]:  # the run called: it says how to go on
         assert "no new call was started" in lines[0] and str(result["run_dir"]) in lines[0]
+    if not tracking:
+        return
+    runs = runs_of(f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}", result["run_dir"])
+    if result["at_signal"]:  # and it is in MLflow
         assert [run.info.status for run in runs] == ["KILLED"]
     assert all(run.info.status == "KILLED" for run in runs)
 
 
-@pytest.mark.parametrize("free", [0, 1, 5])
-def test_ctrl_c_after_k_requests_stops_every_new_call(tmp_path, launch_dir, free):
-    result = signalled_run(tmp_path, launch_dir, free, 0.0)
-    check_stopped(result, launch_dir)
+@pytest.mark.parametrize("free,tracking", [(0, True), (1, False), (5, True)])
+def test_ctrl_c_after_k_requests_stops_every_new_call(tmp_path, launch_dir, free, tracking):
+    result = signalled_run(tmp_path, launch_dir, free, 0.0, tracking=tracking)
+    check_stopped(result, launch_dir, tracking=tracking)
     assert result["count"] == free + WORKERS
 
 
-@pytest.mark.parametrize("delay_s", [0.0, 0.15, 0.4, 0.8])
-def test_ctrl_c_at_start_up_stops_the_run_before_any_new_call(tmp_path, launch_dir, delay_s):
-    check_stopped(signalled_run(tmp_path, launch_dir, None, delay_s), launch_dir, started_before=WORKERS)
+@pytest.mark.parametrize("delay_s,tracking", [(0.0, False), (0.15, False), (0.4, True), (0.8, False)])
+def test_ctrl_c_at_start_up_stops_the_run_before_any_new_call(tmp_path, launch_dir, delay_s, tracking):
+    result = signalled_run(tmp_path, launch_dir, None, delay_s, tracking=tracking)
+    check_stopped(result, launch_dir, started_before=WORKERS, tracking=tracking)
 
 
 def test_ctrl_c_at_the_end_ends_the_run_killed_or_leaves_it_finished(tmp_path, launch_dir):
