@@ -97,6 +97,17 @@ class StopSignal:
         if self.received is not None:
             raise Stopped(str(self.received), self.received.exit_code)
 
+    def stop_of(self, exc: BaseException) -> Stopped | None:
+        """The stop `exc` ends a run with, or None (a bug, a mistake): Ctrl-C as Python raises it, our
+        Stopped, or any exception once a signal was noted: the signal's exception, raised in the
+        middle of a library's change, can leave it to fail on its own half-made state (OmegaConf:
+        an AttributeError) and that failure is what comes out."""
+        if isinstance(exc, Stopped):
+            return exc
+        if self.received is not None:
+            return self.received
+        return Stopped() if isinstance(exc, KeyboardInterrupt) else None
+
     def stopping(self) -> threading.Event:
         """A stage's stop: set by the stage itself, and set from the moment a signal is noted."""
         return _Stopping(self)

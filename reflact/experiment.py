@@ -67,18 +67,18 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
         tracker = _tracker(cfg, params, stage, launch, started_at) if cfg.mlflow.enabled else None
         try:
             return _run(cfg, stage, optimizer, tracker, started_at, launch.launch_dir)
-        except KeyboardInterrupt as exc:
+        except BaseException as exc:
+            stopped = stage.signals.stop_of(exc)
+            if stopped is None:  # a full disk, a bug: the MLflow run must not stay RUNNING
+                if tracker is not None and not tracker.finished:
+                    tracker.finish(None, "FAILED")
+                raise
             if tracker is not None:
                 tracker.finish(None, "KILLED")
             raise Stopped(
-                f"{exc if isinstance(exc, Stopped) else 'interrupted'}: no new call was started; continue "
-                f"with the same hydra.run.dir={run_dir}",
-                getattr(exc, "exit_code", 130),
+                f"{stopped}: no new call was started; continue with the same hydra.run.dir={run_dir}",
+                stopped.exit_code,
             ) from None
-        except BaseException:  # a full disk, a bug: the MLflow run must not stay RUNNING
-            if tracker is not None and not tracker.finished:
-                tracker.finish(None, "FAILED")
-            raise
 
 
 def _tracker(cfg: ReflactConfig, params: dict[str, str], stage: Stage, launch: Launch, started_at: float) -> LiveRun:

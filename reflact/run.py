@@ -141,6 +141,9 @@ def _main(signals: StopSignal) -> None:
         )
         with callbacks_allowed(), _mode_from_command_line():
             job()
+    except Exception:
+        signals.check()  # after a signal, what failed on its way (Hydra composing) ends as the stop
+        raise
     finally:
         spare.discard()  # idle: the run needed no tracking, or the last job is done
 

@@ -56,6 +56,17 @@ def test_a_signal_whose_exception_was_swallowed_is_still_noted(signum, code):
     assert signal.getsignal(signum) is before  # the handler found is put back
 
 
+def test_once_a_signal_is_noted_any_exception_is_the_stop():
+    """A signal's exception raised in the middle of a library's change can leave it to fail on its
+    own half-made state (OmegaConf composing: AttributeError): that failure is the stop."""
+    signals = StopSignal()
+    assert signals.stop_of(AttributeError("half-made")) is None  # a bug, when no signal came
+    assert signals.stop_of(KeyboardInterrupt()).exit_code == 130
+    with signals.handling(signal.SIGTERM):
+        swallowed(signal.SIGTERM)
+    assert signals.stop_of(AttributeError("half-made")).exit_code == 143
+
+
 def noted_stage(tmp_path, server, data, signals: StopSignal):
     """The stage through the real client, one worker, a minibatch per trajectory, `signals` its own."""
     made = stage_for(tmp_path, server, data, "reflect.minibatch_size=1", "reflect.workers=1")
@@ -114,7 +125,7 @@ def test_a_swallowed_signal_stops_the_stage_wherever_it_lands(tmp_path, server, 
 # ---------------------------------------------------------------- reflect(): the run KILLED, whatever the moment
 
 
-@pytest.mark.parametrize("where", ["preparing", "summary"])
+@pytest.mark.parametrize("where", ["preparing", "summary", "summary, failing on its way"])
 def test_ctrl_c_swallowed_stops_reflect_which_raises_stopped_and_kills_its_run(
         tmp_path, server, launch_dir, monkeypatch, where):
     """Swallowed while minibatch 3 of 6 is prepared, or while the summary is written (every call
@@ -125,9 +136,16 @@ def test_ctrl_c_swallowed_stops_reflect_which_raises_stopped_and_kills_its_run(
     slow_replies(server)
     if where == "preparing":
         swallow_while_preparing(monkeypatch, 3, server)
-    else:
+    elif where == "summary":
         summarize = experiment.summarize
         monkeypatch.setattr(experiment, "summarize", lambda *args: (swallowed(), summarize(*args))[1])
+    else:  # the signal's exception left a library's state half-made, which then fails on it
+
+        def half_made(*args):
+            swallowed()
+            raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'")
+
+        monkeypatch.setattr(experiment, "summarize", half_made)
     before = signal.getsignal(signal.SIGINT)
     uri = f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}"
     with pytest.raises(Stopped) as stopped:
@@ -247,6 +265,26 @@ def test_sigterm_while_requests_are_held_ends_the_run_killed_with_143(tmp_path, 
     check_stopped(result, launch_dir, code=143)
     assert result["count"] == 2 + WORKERS
 
+
+
+def test_a_failure_a_signal_causes_while_hydra_composes_ends_as_the_stop(tmp_path):
+    """Seen under load: Ctrl-C inside OmegaConf's flag_override while Hydra composed made OmegaConf
+    fail on its half-made config (AttributeError), a traceback and exit 1. It is the stop: 130."""
+    script = (
+        "import signal, sys\n"
+        "from reflact import config, run\n"
+        "def half_made(args):\n"
+        "    try:\n"
+        "        signal.raise_signal(signal.SIGINT)\n"
+        "    finally:\n"
+        "        raise AttributeError(\"'NoneType' object has no attribute '_invalidate_flags_cache'\")\n"
+        "config.hydra_spelling = half_made\n"
+        "sys.argv = ['reflact', 'mlflow.enabled=false']\n"
+        "run.main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip() == "reflact: interrupted" and "Traceback" not in done.stderr
 
 
 def test_a_signal_once_the_command_is_over_ends_the_process_quietly(tmp_path):
