@@ -54,6 +54,7 @@ class StopSignal:
     def __init__(self) -> None:
         self.received: Stopped | None = None  # the first signal's, once one came
         self._installed: list[int] = []
+        self._unraisable: Callable[[Any], object] | None = None  # the hook found, while ours is in place
 
     def install(self, *signums: int) -> dict[int, Any]:
         """From now on these signals note themselves and raise Stopped (SIGINT: 130, SIGTERM: 143);
@@ -66,7 +67,15 @@ class StopSignal:
             if handler is not signal.SIG_IGN:
                 signal.signal(signum, self._stop)
                 self._installed.append(signum)
+        if self._unraisable is None:
+            self._unraisable, sys.unraisablehook = sys.unraisablehook, self._swallowed
         return previous
+
+    def _swallowed(self, unraisable: Any) -> None:
+        """Python's report of an exception it could not raise (a finalizer's, a generator's close):
+        a Stopped there is noted already and stops the run; it is not the user's to read."""
+        if not isinstance(unraisable.exc_value, Stopped) and self._unraisable is not None:
+            self._unraisable(unraisable)
 
     def ended(self) -> None:
         """The command is over, its records written: from now on its signals end the process at once
@@ -85,6 +94,9 @@ class StopSignal:
             for signum, handler in previous.items():
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
             self._installed = [signum for signum in self._installed if signum not in previous]
+            if self._unraisable is not None:
+                sys.unraisablehook = self._unraisable
+                self._unraisable = None
 
     def _stop(self, signum: int, frame: object) -> None:
         stopped = Stopped("terminated", exit_code=143) if signum == signal.SIGTERM else Stopped()

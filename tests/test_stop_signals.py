@@ -56,6 +56,28 @@ def test_a_signal_whose_exception_was_swallowed_is_still_noted(signum, code):
     assert signal.getsignal(signum) is before  # the handler found is put back
 
 
+def test_a_signal_python_could_not_raise_is_noted_and_not_printed(tmp_path):
+    """In a finalizer (or a generator's close) Python cannot raise the signal's exception: it
+    prints "Exception ignored ... Traceback" and goes on. The stop is noted; nothing is printed;
+    reflect()'s handling puts Python's hook back after it."""
+    script = (
+        "import signal, sys, time\n"
+        "from reflact.errors import StopSignal\n"
+        "class Finalized:\n"
+        "    def __del__(self):\n"
+        "        signal.raise_signal(signal.SIGINT)\n"
+        "        time.sleep(0.05)\n"
+        "hook = sys.unraisablehook\n"
+        "with StopSignal().handling(signal.SIGINT) as signals:\n"
+        "    Finalized()\n"
+        "    print(signals.received.exit_code)\n"
+        "print(sys.unraisablehook is hook)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.split() == ["130", "True"], done.stdout + done.stderr
+    assert done.stderr == ""
+
+
 def test_once_a_signal_is_noted_any_exception_is_the_stop():
     """A signal's exception raised in the middle of a library's change can leave it to fail on its
     own half-made state (OmegaConf composing: AttributeError): that failure is the stop."""
