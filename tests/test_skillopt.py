@@ -205,7 +205,8 @@ def test_skillopts_token_auth_is_refused_in_one_line_before_any_call(tmp_path, s
     assert server.count == 0
 
 
-@pytest.mark.parametrize("mode,says", [("azure_ad", "(Azure AD token auth)"), ("managed_identity", "(Azure AD token auth)"),
+@pytest.mark.parametrize("mode,says", [("azure_ad", "(Azure AD token auth)"),
+                                       ("managed_identity", "(Azure AD token auth)"),
                                        ("apikey", "(not a mode SkillOpt knows)")])
 def test_an_auth_mode_reflact_cannot_use_is_named_for_what_it_is(tmp_path, server, skillopt_settings, mode, says):
     configure(skillopt_settings, server.base_url, mode)
