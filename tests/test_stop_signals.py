@@ -206,7 +206,7 @@ def signalled_run(tmp_path: Path, launch_dir: Path, free: int | None, delay_s: f
                 wait_for(lambda: server.count == free + held, what="every worker holding a request")
             at_signal = server.count
             proc.send_signal(sig)
-            time.sleep(0.3)  # what the run would start after the signal reaches the server by then
+            time.sleep(0.3)  # the stop takes effect while the workers' requests are still held
             gate.open()
             done = finish(proc)
         finally:
@@ -252,7 +252,8 @@ def test_ctrl_c_at_start_up_stops_the_run_before_any_new_call(tmp_path, launch_d
 
 def test_ctrl_c_at_the_end_ends_the_run_killed_or_leaves_it_finished(tmp_path, launch_dir):
     """Every request answered: the signal comes during the summary, the analysis or the wait for
-    MLflow, or after the run: KILLED and 130, or FINISHED and 0, never one with the other."""
+    MLflow, or after the run: KILLED and 130; FINISHED only once all was written (then 0, or 130
+    when it came during the last lines)."""
     result = signalled_run(tmp_path, launch_dir, 30, 0.0, tracking=True, all_free=True)
     done = result["done"]
     assert done.returncode in (0, 130) and "Traceback" not in done.stderr, done.stderr[-3000:]
