@@ -17,7 +17,7 @@ from reflact.analysis.matchers import matcher_for
 from reflact.calls.deferred import Deferred, api_key
 from reflact.calls.protocol import CHARS_PER_TOKEN, DRY_RUN_REPLY_TOKENS, DryRunEstimator, Optimizer
 from reflact.config import ReflactConfig, how_to_price, priced
-from reflact.errors import Stopped
+from reflact.errors import Stopped, StopSignal
 from reflact.inputs.dataset import load_dataset
 from reflact.modes import get_mode
 from reflact.running.events import Replied
@@ -40,6 +40,7 @@ class Launch:
     overrides: tuple[str, ...] = ()
     record_config: Callable[[], None] | None = None  # writes .hydra/ once the inputs passed their checks
     tracker: SpareTracker | None = None  # the process's idle tracker: started by the command line, or its last run's
+    signals: StopSignal | None = None  # Ctrl-C and SIGTERM as the command's handlers note them
 
 
 @dataclass
@@ -59,25 +60,25 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
     started_at = time.time()
     dataset = load_dataset(cfg.data)
     optimizer = make_optimizer(cfg, launch.launch_dir, dataset.skill)
-    stage = Stage(cfg, dataset, optimizer, run_dir)
+    stage = Stage(cfg, dataset, optimizer, run_dir, signals=launch.signals)
     with locked(stage.run_dir):
         if launch.record_config is not None:
             launch.record_config()
         tracker = _tracker(cfg, params, stage, launch, started_at) if cfg.mlflow.enabled else None
         try:
             return _run(cfg, stage, optimizer, tracker, started_at, launch.launch_dir)
-        except KeyboardInterrupt as exc:
+        except BaseException as exc:
+            stopped = stage.signals.stop_of(exc)
+            if stopped is None:  # a full disk, a bug: the MLflow run must not stay RUNNING
+                if tracker is not None and not tracker.finished:
+                    tracker.finish(None, "FAILED")
+                raise
             if tracker is not None:
                 tracker.finish(None, "KILLED")
             raise Stopped(
-                f"{exc if isinstance(exc, Stopped) else 'interrupted'}: no new call was started; continue "
-                f"with the same hydra.run.dir={run_dir}",
-                getattr(exc, "exit_code", 130),
+                f"{stopped}: no new call was started; continue with the same hydra.run.dir={run_dir}",
+                stopped.exit_code,
             ) from None
-        except BaseException:  # a full disk, a bug: the MLflow run must not stay RUNNING
-            if tracker is not None and not tracker.finished:
-                tracker.finish(None, "FAILED")
-            raise
 
 
 def _tracker(cfg: ReflactConfig, params: dict[str, str], stage: Stage, launch: Launch, started_at: float) -> LiveRun:
@@ -123,7 +124,9 @@ def _run(
     summary, kept = summarize(
         stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.patches, hashes, started_at, time.time
     )
+    stage.signals.check()  # the analysis may call too; a run stopped is KILLED, never FINISHED
     analysis = _analysis(cfg, stage, summary, run_from(stage.run_dir.root, summary, kept), launch_dir)
+    stage.signals.check()
     status, reason = run_status(summary["counts"], cfg, outcomes, stage.run_dir.root, optimizer.fault)
     run_id = tracker.finish(summary, status) if tracker is not None else None
     if optimizer.fault and status == "FAILED":  # the reason says it all, in one line
