@@ -124,6 +124,14 @@ class StopSignal:
         """A stage's stop: set by the stage itself, and set from the moment a signal is noted."""
         return _Stopping(self)
 
+    def __getstate__(self) -> dict:
+        """A copy a launcher pickles to run a job in another process (joblib, submitit, Ray) starts
+        afresh there: the signals are the launching process's to handle."""
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()  # type: ignore[misc]
+
 
 class _Stopping(threading.Event):
     """An event that also reads as set once its signal is noted: is_set takes no lock (wait() does

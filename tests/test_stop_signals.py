@@ -325,3 +325,17 @@ def test_a_signal_once_the_command_is_over_ends_the_process_quietly(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == -signal.SIGINT, done.stderr
     assert "went on" not in done.stdout and "Exception ignored" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_stop_signal_a_launcher_pickles_starts_afresh_in_its_worker():
+    """joblib, submitit and Ray pickle the job, the command line's StopSignal with it: the copy
+    holds neither the handlers nor the hook it replaced (a builtin does not pickle), nor a note."""
+    import pickle
+
+    from reflact.errors import StopSignal
+
+    signals = StopSignal()
+    with signals.handling(signal.SIGINT):
+        signals.received = Stopped()
+        copy = pickle.loads(pickle.dumps(signals))
+    assert copy.received is None and copy._installed == [] and copy._unraisable is None
