@@ -32,31 +32,8 @@ cd "$work/launch"
 logs=$work/logs
 export MLFLOW_DISABLE_TELEMETRY=true
 unset OPENAI_API_KEY OPENAI_BASE_URL
-check() { "$py" "$ci/wheel_checks.py" "$@"; }
-
-# `logged NAME COMMAND...`: fails, showing its stderr, when the command exits non-zero or prints a traceback
-logged() {
-    local name=$1 rc=0
-    shift
-    "$@" >"$logs/$name.out" 2>"$logs/$name.err" || rc=$?
-    if [ "$rc" != 0 ] || grep -q Traceback "$logs/$name.err"; then
-        echo "FAILED ($rc): $*" >&2
-        tail -n 40 "$logs/$name.err" >&2
-        return 1
-    fi
-}
-
-# `mistaken NAME COMMAND...`: the command must end with its one line and exit code 2
-mistaken() {
-    local name=$1 rc=0
-    shift
-    "$@" >"$logs/$name.out" 2>"$logs/$name.err" || rc=$?
-    if [ "$rc" != 2 ] || [ "$(wc -l <"$logs/$name.err")" != 1 ] || ! grep -q "^reflact: error: " "$logs/$name.err"; then
-        echo "FAILED: expected one line and exit code 2, got $rc: $*" >&2
-        tail -n 40 "$logs/$name.err" >&2
-        return 1
-    fi
-}
+# check, logged, mistaken
+. "$ci/steps.sh"
 
 check installed
 "$py" -m reflact.testing.optimizer_server >"$logs/server.url" 2>"$logs/server.err" &

@@ -14,20 +14,9 @@ mkdir logs
 export MLFLOW_DISABLE_TELEMETRY=true
 unset PYTHONPATH OPENAI_API_KEY OPENAI_BASE_URL
 
-check() { "$py" "$ci/wheel_checks.py" "$@"; }
-
-# `logged NAME COMMAND...`: the command's output in logs/NAME.out and .err; fails, showing its
-# stderr, when it exits non-zero or prints a traceback
-logged() {
-    local name=$1 rc=0
-    shift
-    "$@" >"logs/$name.out" 2>"logs/$name.err" || rc=$?
-    if [ "$rc" != 0 ] || grep -q Traceback "logs/$name.err"; then
-        echo "FAILED ($rc): $*" >&2
-        tail -n 40 "logs/$name.err" >&2
-        return 1
-    fi
-}
+logs=logs
+# check, logged, mistaken
+. "$ci/steps.sh"
 
 step() { echo "[$SECONDS s] $*"; }
 

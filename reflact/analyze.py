@@ -35,7 +35,8 @@ from reflact.analysis.figures import (
     seed_metrics,
 )
 from reflact.config import AnalysisConfig, Matcher, ReflactConfig, check_threshold
-from reflact.errors import UserError, exits_on_user_error
+from reflact.errors import UserError, exits_on_user_error, own_lines_shown
+from reflact.files import usable_folder
 from reflact.imports import one_at_a_time
 from reflact.running.rundir import ANALYSIS, RunDir, SweepDir
 from reflact.text import markdown_table
@@ -93,19 +94,19 @@ def settings(run_dirs: list[Path], matcher: str | None, overrides: list[str]) ->
         from omegaconf.errors import OmegaConfBaseException
 
     from reflact.analysis.records import saved_config
-    from reflact.config import _check_analysis, _price, literal, register, typed
+    from reflact.config import _check_analysis, _price, apply_settings, literal, register, typed
 
     register()  # a saved config names shipped files as ${shipped:...}
     saved = next((p / ".hydra" / "config.yaml" for p in run_dirs if (p / ".hydra" / "config.yaml").is_file()), None)
-    for item in overrides:
-        if not item.startswith(("analysis.", "optimizer.")) or "=" not in item:
-            raise UserError(f"--set {item}: give KEY=VALUE with a key under analysis. or optimizer.")
     try:
         base = typed(saved_config(saved)) if saved else ReflactConfig()
     except OmegaConfBaseException as exc:
         raise UserError(f"{saved}: damaged ({_first_line(exc)})") from None
+    node = OmegaConf.structured(literal(base))
+    # as `python -m reflact.run` reads its overrides: `optimizer.cache=off`, `+optimizer.prices.m={input:1,...}`
+    apply_settings(node, overrides, "--set", under=("analysis.", "optimizer."))
     try:
-        cfg = typed(OmegaConf.merge(OmegaConf.structured(literal(base)), OmegaConf.from_dotlist(overrides)))
+        cfg = typed(node)
     except OmegaConfBaseException as exc:
         raise UserError(f"--set: {_first_line(exc)}") from None
     if matcher is not None:
@@ -280,6 +281,7 @@ def analyze(
     runs = [load_run(path) for path in run_dirs]
     if out is None:
         out = sweeps[0].report if len(sweeps) == 1 and all(SweepDir(p).is_sweep() for p in paths) else Path("analysis")
+    usable_folder(out, "--out")  # before any call the analysis makes
     chosen = matcher_for(
         cfg, Path.cwd(), 0.0, out / "judge", pick_threshold(threshold, runs, cfg.analysis.matcher.value)
     )
@@ -320,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         help="an analysis.* or optimizer.* setting, e.g. analysis.embedding.base_url=URL (repeatable)",
     )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    own_lines_shown()
     written, logged = analyze(args.dirs, args.out, args.threshold, args.log, args.matcher, args.overrides)
     print("\n".join(str(path) for path in written))
     return 0 if logged else 1

@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,8 @@ from pathlib import Path
 from typing import cast
 
 from reflact.config import ReflactConfig, literal
-from reflact.errors import UserError, user_error_message
+from reflact.errors import StopSignal, UserError, user_error_message
+from reflact.files import usable_folder
 from reflact.imports import one_at_a_time
 from reflact.launch import LaunchDir
 
@@ -73,15 +75,20 @@ def reflect(
     """
     check_arguments(data=data, predictions=predictions, run_dir=run_dir, launch_dir=launch_dir)
     launch = usable_folder(Path(launch_dir or Path.cwd()).resolve(), "launch_dir")
-    cfg = compose(overrides) if config is None else with_overrides(config, overrides)
-    folder = usable_folder(Path(run_dir).resolve(), "run_dir") if run_dir else LaunchDir(launch).new_run_dir()
-    given = results is not None or skill is not None or conversations is not None
-    inputs = python_inputs(results, skill, conversations, predictions) if given else None
-    return _reflect(cfg, data, inputs, folder, launch)
+    # on the main thread, Ctrl-C is noted for the calls while this runs (reflact.errors.StopSignal)
+    with StopSignal().handling(signal.SIGINT) as signals:
+        cfg = compose(overrides) if config is None else with_overrides(config, overrides)
+        folder = usable_folder(Path(run_dir).resolve(), "run_dir") if run_dir else LaunchDir(launch).new_run_dir()
+        given = results is not None or skill is not None or conversations is not None
+        inputs = python_inputs(results, skill, conversations, predictions) if given else None
+        return _reflect(cfg, data, inputs, folder, launch, signals)
 
 
-def _reflect(cfg: ReflactConfig, data, inputs: PythonInputs | None, folder: Path, launch: Path) -> Reflection:
+def _reflect(
+    cfg: ReflactConfig, data, inputs: PythonInputs | None, folder: Path, launch: Path, signals: StopSignal
+) -> Reflection:
     from reflact.config import from_hydra
+    from reflact.experiment import Launch
     from reflact.running.newdir import discarded_on_mistake, make
 
     # a folder made here goes again when a mistake stops the run before any call
@@ -93,7 +100,8 @@ def _reflect(cfg: ReflactConfig, data, inputs: PythonInputs | None, folder: Path
         with as_user_error():
             cfg, params = from_hydra(_structured(cfg))
         with _logging_shown(), environment_kept("MLFLOW_"):
-            return run(cfg, params, folder, launch)
+            launched = Launch(launch, record_config=lambda: _record_config(cfg, folder), signals=signals)
+            return run(cfg, params, folder, launched)
 
 
 def run(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch) -> Reflection:
@@ -142,9 +150,13 @@ def composed(overrides: Sequence[str] = ()):
 
 
 def with_overrides(cfg: ReflactConfig, overrides: Sequence[str]) -> ReflactConfig:
-    """A copy of `cfg` with plain `key=value` overrides applied (config groups need `compose`)."""
+    """A copy of `cfg` with plain `key=value` overrides applied, read as the command line reads
+    them (config.apply_settings: `optimizer.cache=off` is text, not YAML's false); config groups
+    need `compose`."""
     with one_at_a_time():
         from omegaconf import OmegaConf
+
+    from reflact.config import apply_settings
 
     if not isinstance(cfg, ReflactConfig):
         raise UserError(f"config: expected a ReflactConfig (reflact.api.compose makes one), got {type(cfg).__name__}")
@@ -156,9 +168,10 @@ def with_overrides(cfg: ReflactConfig, overrides: Sequence[str]) -> ReflactConfi
                 f"overrides: {override!r}: with a config object only key=value settings apply "
                 "(for config groups such as optimizer=... pass overrides without a config)"
             )
+    node = _structured(cfg)
+    apply_settings(node, overrides, "overrides:")
     with as_user_error():
-        merged = OmegaConf.merge(_structured(cfg), OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
-        return cast(ReflactConfig, OmegaConf.to_object(merged))
+        return cast(ReflactConfig, OmegaConf.to_object(node))
 
 
 @dataclass
@@ -238,14 +251,6 @@ def check_arguments(**paths: object) -> None:
             continue
         if not isinstance(value, (str, os.PathLike)) or not str(os.fspath(value)).strip():
             raise UserError(f"reflect(): {name} must be a folder's path, got {_shown(value)}")
-
-
-def usable_folder(path: Path, name: str) -> Path:
-    """A folder the run may make or use: neither it nor the nearest folder above it that exists is a file."""
-    existing = next((p for p in [path, *path.parents] if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise UserError(f"{name}: {existing} is a file, not a folder")
-    return path
 
 
 def _overrides(overrides: object) -> list[str]:

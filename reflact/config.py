@@ -354,6 +354,37 @@ def hydra_spelling(overrides: Sequence[str]) -> list[str]:
     return [f"+{o}" if o.split("=", 1)[0] in ADDED_GROUPS and "=" in o else o for o in overrides]
 
 
+def apply_settings(node, overrides: Sequence[str], where: str, under: tuple[str, ...] = ()) -> None:
+    """`key=value` settings in the command line's grammar (Hydra's overrides: `off` is text,
+    `{input:1,output:4}` a mapping, quotes and `null` as there), applied to a config node the way
+    Hydra applies them: a key must exist, `+key=value` adds one, `++key=value` adds or sets one.
+    Config groups, deletions (`~key`) and sweeps (`a=1,2`) are not settings; `under` limits the keys.
+    A mistake names `where` (the option) and the override."""
+    with one_at_a_time():
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra.errors import HydraException
+        from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+
+    for line in overrides:
+        try:
+            [override] = OverridesParser.create().parse_overrides([line])
+        except HydraException as exc:
+            raise UserError(f"{where} {line}: {' '.join(str(exc).split())[:200]}") from None
+        key = override.key_or_group
+        if override.is_delete() or override.is_sweep_override() or override.package is not None or "." not in key:
+            raise UserError(f"{where} {line}: give one setting, KEY=VALUE (not a config group, ~ or a sweep)")
+        if under and not key.startswith(under):
+            raise UserError(f"{where} {line}: give a key under {' or '.join(under)}")
+        value = override.value()
+        if override.is_add() and OmegaConf.select(node, key, default=None) is not None and not isinstance(value, dict):
+            raise UserError(f"{where} {line}: {key} is already set: drop the +, or use ++ to add or set it")
+        try:
+            OmegaConf.update(node, key, value, merge=True, force_add=override.is_add() or override.is_force_add())
+        except OmegaConfBaseException as exc:
+            raise UserError(f"{where} {line}: {str(exc.msg or exc).strip().splitlines()[0]}") from None
+
+
 def register() -> None:
     """Make the schema available to conf/config.yaml's defaults list, `${shipped:demo}` to configs
     that name files shipped with reflact (the demo dataset), wherever it is installed, and

@@ -1,4 +1,5 @@
-"""User mistakes: the one exception type for them, and how every command reports them.
+"""User mistakes: the one exception type for them, and how every command reports them (and what
+else a command ends on: a failed run, Ctrl-C and SIGTERM, noted by StopSignal).
 
 A mistake (bad config, bad input file) ends a command with one line on stderr naming the key,
 file or line at fault, and exit code 2; anything else is a bug and keeps its traceback.
@@ -6,11 +7,14 @@ file or line at fault, and exit code 2; anything else is a bug and keeps its tra
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import signal
 import sys
-from collections.abc import Callable
-from typing import TypeVar
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from reflact.imports import one_at_a_time
 
@@ -38,16 +42,107 @@ class Stopped(KeyboardInterrupt):
         self.exit_code = exit_code
 
 
-def raise_stopped_on_sigterm() -> None:
-    """SIGTERM stops the run the way Ctrl-C does (no new call, records kept), with exit code 143."""
-    import signal
-    import threading
+class StopSignal:
+    """Ctrl-C (SIGINT) or SIGTERM received while a command or a reflect() call runs: its handlers note
+    the signal here before they raise Stopped, and every request checks the note before it starts
+    (`stopping`). The exception alone is not enough: Python raises it wherever the main thread is
+    when the signal comes, and a library's bare `except:` or a finalizer running just then swallows
+    it (CPython prints "Exception ignored" and goes on), and the run would go on calling. The note
+    is one attribute written by the handler, with no lock taken: a handler runs between any two
+    steps of the main thread, which may hold any lock just then."""
 
-    def stop(signum, frame) -> None:
-        raise Stopped("terminated", exit_code=143)
+    def __init__(self) -> None:
+        self.received: Stopped | None = None  # the first signal's, once one came
+        self._installed: list[int] = []
+        self._unraisable: Callable[[Any], object] | None = None  # the hook found, while ours is in place
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, stop)
+    def install(self, *signums: int) -> dict[int, Any]:
+        """From now on these signals note themselves and raise Stopped (SIGINT: 130, SIGTERM: 143);
+        returns the handlers they had. Only the main thread can; a signal ignored (a background
+        job's SIGINT) stays ignored."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {signum: signal.getsignal(signum) for signum in signums}
+        for signum, handler in previous.items():
+            if handler is not signal.SIG_IGN:
+                signal.signal(signum, self._stop)
+                self._installed.append(signum)
+        if self._unraisable is None:
+            self._unraisable, sys.unraisablehook = sys.unraisablehook, self._swallowed
+        return previous
+
+    def _swallowed(self, unraisable: Any) -> None:
+        """Python's report of an exception it could not raise (a finalizer's, a generator's close):
+        a Stopped there is noted already and stops the run; it is not the user's to read."""
+        if not isinstance(unraisable.exc_value, Stopped) and self._unraisable is not None:
+            self._unraisable(unraisable)
+
+    def ended(self) -> None:
+        """The command is over, its records written: from now on its signals end the process at once
+        (the system's default) rather than raise into the interpreter's teardown, where Python
+        prints "Exception ignored in atexit callback" and goes on."""
+        for signum in self._installed:
+            signal.signal(signum, signal.SIG_DFL)
+
+    @contextlib.contextmanager
+    def handling(self, *signums: int) -> Iterator[StopSignal]:
+        """`install` while the block runs; the handlers found are put back after it."""
+        previous = self.install(*signums)
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+            self._installed = [signum for signum in self._installed if signum not in previous]
+            if self._unraisable is not None:
+                sys.unraisablehook = self._unraisable
+                self._unraisable = None
+
+    def _stop(self, signum: int, frame: object) -> None:
+        stopped = Stopped("terminated", exit_code=143) if signum == signal.SIGTERM else Stopped()
+        if self.received is None:
+            self.received = stopped
+        raise stopped
+
+    def check(self) -> None:
+        """Raises Stopped when a signal came, whether or not its own exception got through."""
+        if self.received is not None:
+            raise Stopped(str(self.received), self.received.exit_code)
+
+    def stop_of(self, exc: BaseException) -> Stopped | None:
+        """The stop `exc` ends a run with, or None (a bug, a mistake): Ctrl-C as Python raises it, our
+        Stopped, or any exception once a signal was noted: the signal's exception, raised in the
+        middle of a library's change, can leave it to fail on its own half-made state (OmegaConf:
+        an AttributeError) and that failure is what comes out."""
+        if isinstance(exc, Stopped):
+            return exc
+        if self.received is not None:
+            return self.received
+        return Stopped() if isinstance(exc, KeyboardInterrupt) else None
+
+    def stopping(self) -> threading.Event:
+        """A stage's stop: set by the stage itself, and set from the moment a signal is noted."""
+        return _Stopping(self)
+
+    def __getstate__(self) -> dict:
+        """A copy a launcher pickles to run a job in another process (joblib, submitit, Ray) starts
+        afresh there: the signals are the launching process's to handle."""
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+class _Stopping(threading.Event):
+    """An event that also reads as set once its signal is noted: is_set takes no lock (wait() does
+    not see the note; nothing waits on a stage's stop, requests poll it)."""
+
+    def __init__(self, signals: StopSignal) -> None:
+        super().__init__()
+        self.signals = signals
+
+    def is_set(self) -> bool:
+        return self.signals.received is not None or super().is_set()
 
 
 def user_error_message(exc: BaseException) -> str | None:
@@ -87,6 +182,7 @@ def _plugin_hint(text: str) -> str:
 
 WARNINGS_LOGGER = "py.warnings"  # where logging.captureWarnings sends them
 SHOWN = "reflact-shown-warnings"  # the handler of the warnings that stay on stderr
+OWN_LINES = "reflact-own-lines"  # a tool's console handler (own_lines_shown)
 
 
 class HeldWarnings(logging.Handler):
@@ -140,6 +236,31 @@ def warnings_to_run_log() -> None:
     for record in (record for h in held for record in h.records):
         for handler in files:
             handler.handle(record)
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to sys.stderr as it is when a line is written (the stream a caller swapped in, too)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def own_lines_shown() -> None:
+    """A tool's console (analyze, relog): reflact's own lines, INFO and up, on stderr, as `message`;
+    no other logger's (the HTTP client's line per request, MLflow's notes on its store)."""
+    root = logging.getLogger()
+    if not any(h.name == OWN_LINES for h in root.handlers):  # once a process (tests call main again)
+        shown = _Stderr()
+        shown.set_name(OWN_LINES)
+        shown.setFormatter(logging.Formatter("%(message)s"))
+        shown.addFilter(lambda record: record.name == "reflact" or record.name.startswith("reflact."))
+        root.addHandler(shown)
+    logging.getLogger("reflact").setLevel(logging.INFO)
 
 
 def exits_on_user_error(command: Callable[..., T]) -> Callable[..., T]:

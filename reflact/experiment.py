@@ -19,7 +19,7 @@ from reflact.analysis.matchers import matcher_for
 from reflact.calls.deferred import Deferred, api_key
 from reflact.calls.protocol import CHARS_PER_TOKEN, DRY_RUN_REPLY_TOKENS, DryRunEstimator, Optimizer
 from reflact.config import Execution, ReflactConfig, how_to_price, priced
-from reflact.errors import Stopped
+from reflact.errors import Stopped, StopSignal
 from reflact.imports import one_at_a_time
 from reflact.inputs.dataset import Dataset, load_dataset
 from reflact.modes import get_mode
@@ -48,6 +48,7 @@ class Launch:
     record_config: Callable[[], None] | None = None  # writes .hydra/ once the inputs passed their checks
     tracker: SpareTracker | None = None  # the process's idle tracker: started by the command line, or its last run's
     go_on: str = ""  # the command that goes on with a run whose batch is left to run
+    signals: StopSignal | None = None  # Ctrl-C and SIGTERM as the command's handlers note them
 
 
 @dataclass
@@ -68,7 +69,7 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
     dataset = load_dataset(cfg.data)
     batching = batching_for(cfg, dataset, run_dir, launch) if cfg.optimizer.execution is Execution.batch else None
     optimizer = make_optimizer(cfg, launch.launch_dir, dataset.skill, gate=batching.gate if batching else None)
-    stage = Stage(cfg, dataset, optimizer, run_dir)
+    stage = Stage(cfg, dataset, optimizer, run_dir, signals=launch.signals)
     if batching is not None:  # over the cap, a request over the file limit: one line, nothing written
         batching.check()
     with locked(stage.run_dir), _closed(batching):
@@ -82,18 +83,18 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
             if stop is not None:
                 return _left_to_run(stop, stage, optimizer, tracker)
             return _run(cfg, stage, optimizer, tracker, started_at, launch.launch_dir)
-        except KeyboardInterrupt as exc:
+        except BaseException as exc:
+            stopped = stage.signals.stop_of(exc)
+            if stopped is None:  # a full disk, a bug: the MLflow run must not stay RUNNING
+                if tracker is not None and not tracker.finished:
+                    tracker.finish(None, "FAILED")
+                raise
             if tracker is not None:
                 tracker.finish(None, "KILLED")
             raise Stopped(
-                f"{exc if isinstance(exc, Stopped) else 'interrupted'}: no new call was started; continue "
-                f"with the same hydra.run.dir={run_dir}",
-                getattr(exc, "exit_code", 130),
+                f"{stopped}: no new call was started; continue with the same hydra.run.dir={run_dir}",
+                stopped.exit_code,
             ) from None
-        except BaseException:  # a full disk, a bug: the MLflow run must not stay RUNNING
-            if tracker is not None and not tracker.finished:
-                tracker.finish(None, "FAILED")
-            raise
 
 
 def batching_for(cfg: ReflactConfig, dataset: Dataset, run_dir: Path, launch: Launch) -> Batching:
@@ -175,7 +176,9 @@ def _run(
     summary, kept = summarize(
         stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.patches, hashes, started_at, time.time
     )
+    stage.signals.check()  # the analysis may call too; a run stopped is KILLED, never FINISHED
     analysis = _analysis(cfg, stage, summary, run_from(stage.run_dir.root, summary, kept), launch_dir)
+    stage.signals.check()
     status, reason = run_status(summary["counts"], cfg, outcomes, stage.run_dir.root, optimizer.fault)
     run_id = tracker.finish(summary, status) if tracker is not None else None
     if optimizer.fault and status == "FAILED":  # the reason says it all, in one line

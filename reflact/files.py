@@ -79,6 +79,15 @@ def _create_temp(path: Path) -> tuple[int, Path]:
     raise FileExistsError(errno.EEXIST, "no free temporary file name", str(path.parent))
 
 
+def usable_folder(path: Path, name: str) -> Path:
+    """A folder a command may make or use (a run dir, a report's --out): neither it nor the nearest
+    folder above it that exists is a file; `name` says which argument or option gave it."""
+    existing = next((p for p in [path, *path.parents] if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UserError(f"{name}: {existing} is a file, not a folder")
+    return path
+
+
 @contextmanager
 def atomic_writer(path: Path, durable: bool = False) -> Iterator[TextIO]:
     """A handle to write `path` piece by piece; the file appears whole when the block ends.

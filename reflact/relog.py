@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reflact.errors import UserError, exits_on_user_error
+from reflact.errors import UserError, exits_on_user_error, own_lines_shown
 from reflact.running.rundir import HYDRA, SUMMARY, RunDir, SweepDir, TraceRecords, recorded_requests
 
 if TYPE_CHECKING:
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path, help="a run dir, or a sweep dir (its jobs and its parent run)")
     parser.add_argument("--tracking-uri", default=None, help="default: the run's own mlflow.tracking_uri")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    own_lines_shown()
     if SweepDir(args.run_dir).is_sweep():
         parent, failures = relog_sweep(args.run_dir, Path.cwd(), args.tracking_uri)
         if parent is not None:

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,9 +21,9 @@ from typing import TYPE_CHECKING
 from reflact import shipped, usage
 from reflact.errors import (
     RunFailed,
+    StopSignal,
     exits_on_user_error,
     fails_the_job,
-    raise_stopped_on_sigterm,
     warnings_held,
     warnings_to_run_log,
 )
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 
-def _job(dict_cfg: DictConfig, spare: SpareTracker) -> float | None:
+def _job(dict_cfg: DictConfig, spare: SpareTracker, signals: StopSignal) -> float | None:
     with one_at_a_time():
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
@@ -45,20 +46,24 @@ def _job(dict_cfg: DictConfig, spare: SpareTracker) -> float | None:
     # inside the job too: Hydra would wrap a mistake in its own report; in a sweep a failed job
     # is the sweep's to record (reflact.sweeps.sweep), so that the other jobs still run
     job = exits_on_user_error(fails_the_job(_run) if multirun else _run_fresh)
-    return job(dict_cfg, hc, multirun, spare)
+    return job(dict_cfg, hc, multirun, spare, signals)
 
 
-def _run_fresh(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker) -> float | None:
+def _run_fresh(
+    dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker, signals: StopSignal
+) -> float | None:
     """A single run: the folders made for it (reflact.running.newdir.FreshRunDir, in this process)
     go again when a mistake stops it."""
     from reflact.running.newdir import discarded_on_mistake, taken
 
     # Hydra's own log file is all a fresh run dir holds before the run writes anything
     with discarded_on_mistake(taken(Path(hc.runtime.output_dir)), {f"{hc.job.name}.log"}):
-        return _run(dict_cfg, hc, multirun, spare)
+        return _run(dict_cfg, hc, multirun, spare, signals)
 
 
-def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker) -> float | None:
+def _run(
+    dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTracker, signals: StopSignal
+) -> float | None:
     with one_at_a_time():
         import hydra
 
@@ -77,6 +82,7 @@ def _run(dict_cfg: DictConfig, hc: DictConfig, multirun: bool, spare: SpareTrack
         record_config=lambda: _record_config(dict_cfg, hc, run_dir),
         tracker=spare,
         go_on=_command_line(run_dir, multirun),
+        signals=signals,
     )
     result = run(cfg, params, run_dir, launch)
     if result.status == "FAILED" or result.reason:  # a batch left to run by a fault has its reason too
@@ -115,17 +121,21 @@ def main() -> None:
     sys.modules.setdefault(AIOHTTP_TRANSPORT, None)  # type: ignore[arg-type]  # None: "cannot be imported"
     ending = _Ending()
     atexit.register(ending.now)  # before any handler of the run's own: it runs after all of them
+    signals = StopSignal()
     try:
-        _main()
+        _main(signals)
     except SystemExit as done:
         ending.code = done.code or 0 if isinstance(done.code, (int, type(None))) else None
         raise
+    finally:
+        signals.ended()
     ending.code = 0
 
 
 @exits_on_user_error  # config errors raised while Hydra composes
-def _main() -> None:
-    raise_stopped_on_sigterm()
+def _main(signals: StopSignal) -> None:
+    # first thing: Ctrl-C and SIGTERM are noted for every call of every job from here on
+    signals.install(signal.SIGINT, signal.SIGTERM)
     help_wanted = usage.wanted(sys.argv[1:])  # Hydra's spelling of the overrides changes no flag
     spare = SpareTracker() if help_wanted else _spare_tracker(sys.argv[1:])
     try:
@@ -144,10 +154,13 @@ def _main() -> None:
         # decorated here, not at import: Hydra 1.4 warns about version_base as it decorates, and
         # only now do warnings go to the log (exits_on_user_error)
         job = hydra.main(config_path=str(shipped.conf_dir()), config_name="config", version_base="1.3")(
-            lambda dict_cfg: _job(dict_cfg, spare)
+            lambda dict_cfg: _job(dict_cfg, spare, signals)
         )
         with callbacks_allowed(), _mode_from_command_line():
             job()
+    except Exception:
+        signals.check()  # after a signal, what failed on its way (Hydra composing) ends as the stop
+        raise
     finally:
         spare.discard()  # idle: the run needed no tracking, or the last job is done
 

@@ -205,6 +205,33 @@ def test_skillopts_token_auth_is_refused_in_one_line_before_any_call(tmp_path, s
     assert server.count == 0
 
 
+@pytest.mark.parametrize("mode,says", [("azure_ad", "(Azure AD token auth)"),
+                                       ("managed_identity", "(Azure AD token auth)"),
+                                       ("apikey", "(not a mode SkillOpt knows)")])
+def test_an_auth_mode_reflact_cannot_use_is_named_for_what_it_is(tmp_path, server, skillopt_settings, mode, says):
+    configure(skillopt_settings, server.base_url, mode)
+    data, results, skill = inputs(tmp_path, n_fail=1, n_succ=0)
+    with pytest.raises(UserError, match=f"auth mode is '{mode}' ") as refused:
+        run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 1, True)
+    assert says in str(refused.value) and "optimizer_azure_openai_auth_mode" in str(refused.value)
+    assert server.count == 0
+
+
+@pytest.mark.parametrize("attribute,key", [("OPTIMIZER_DEPLOYMENT", "optimizer_model"),
+                                           ("OPTIMIZER_API_VERSION", "optimizer_azure_openai_api_version"),
+                                           ("OPTIMIZER_AUTH_MODE", "optimizer_azure_openai_auth_mode")])
+@pytest.mark.parametrize("missing", [None, ""])
+def test_a_missing_skillopt_setting_is_named_by_skillopts_key_never_sent_as_none(
+        tmp_path, server, skillopt_settings, monkeypatch, attribute, key, missing):
+    configure(skillopt_settings, server.base_url.removesuffix("/v1"), "api_key", key="azure-key-123")
+    monkeypatch.setattr(skillopt_settings, attribute, missing)
+    data, results, skill = inputs(tmp_path, n_fail=1, n_succ=0)
+    with pytest.raises(UserError, match=f"SkillOpt's {key} is not set"):
+        run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 1, True,
+                              overrides=NO_MLFLOW)
+    assert server.count == 0
+
+
 def test_openai_base_url_and_an_explicit_argument_still_win_over_skillopts_settings(
         tmp_path, server, skillopt_settings, monkeypatch):
     from skillopt.optimizer.skill_aware import configure_skill_aware_reflection

@@ -312,7 +312,11 @@ def warm() -> None:
     from reflact.analysis.matching import warm_imports
 
     time.sleep(WARM_AFTER_S)
-    warm_imports()
+    try:
+        warm_imports()
+    except Exception as exc:  # a head start only (a Ctrl-C on the main thread may have cut an import
+        # short): the analysis imports them where it uses them, and reports a failure there
+        log.debug("the analysis's imports were not warmed: %s", exc)
 
 
 def _codes(values: list) -> list[int]:

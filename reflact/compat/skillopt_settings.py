@@ -19,6 +19,7 @@ from reflact.imports import one_at_a_time
 
 COMPATIBLE_MODES = ("openai_compatible", "compat", "openai")
 KEY_MODES = ("api_key", "key")
+TOKEN_MODES = ("azure_cli", "managed_identity", "azure_ad", "aad")  # Azure AD tokens, which reflact cannot send
 # where SkillOpt keeps the optimizer key, most specific first (configure_azure_openai writes the first)
 KEY_VARIABLES = ("OPTIMIZER_AZURE_OPENAI_API_KEY", "AZURE_OPENAI_OPTIMIZER_API_KEY", "AZURE_OPENAI_API_KEY")
 
@@ -54,9 +55,10 @@ def endpoint_overrides(environ: Mapping[str, str] | None = None) -> Endpoint:
         endpoint = _backend_endpoint(backend, environ) if backend.OPTIMIZER_ENDPOINT else Endpoint()
     else:
         endpoint = Endpoint()
-    model = backend.OPTIMIZER_DEPLOYMENT if backend is not None else environ.get("OPTIMIZER_DEPLOYMENT")
-    if model:
-        endpoint.values["optimizer.model"] = str(model)
+    if backend is not None:
+        endpoint.values["optimizer.model"] = _setting(backend.OPTIMIZER_DEPLOYMENT, "optimizer_model")
+    elif environ.get("OPTIMIZER_DEPLOYMENT"):
+        endpoint.values["optimizer.model"] = environ["OPTIMIZER_DEPLOYMENT"]
     effort = backend.get_reasoning_effort() if backend is not None else None
     if effort:
         endpoint.values["optimizer.reasoning_effort"] = str(effort)
@@ -104,7 +106,8 @@ def _check_protocol() -> None:
 
 def _backend_endpoint(backend, environ) -> Endpoint:
     """Azure with a key, or any OpenAI-compatible server, as SkillOpt's optimizer client would reach it."""
-    mode, endpoint = backend.OPTIMIZER_AUTH_MODE, str(backend.OPTIMIZER_ENDPOINT)
+    mode = _setting(backend.OPTIMIZER_AUTH_MODE, "optimizer_azure_openai_auth_mode")
+    endpoint = str(backend.OPTIMIZER_ENDPOINT)
     key_env = _key_variable(backend.OPTIMIZER_API_KEY, environ)
     if mode in COMPATIBLE_MODES:
         values = {
@@ -116,15 +119,26 @@ def _backend_endpoint(backend, environ) -> Endpoint:
     if mode in KEY_MODES:
         values = {
             "optimizer.azure.endpoint": endpoint,
-            "optimizer.azure.deployment": str(backend.OPTIMIZER_DEPLOYMENT),
-            "optimizer.azure.api_version": str(backend.OPTIMIZER_API_VERSION),
+            "optimizer.azure.deployment": _setting(backend.OPTIMIZER_DEPLOYMENT, "optimizer_model"),
+            "optimizer.azure.api_version": _setting(
+                backend.OPTIMIZER_API_VERSION, "optimizer_azure_openai_api_version"
+            ),
             "optimizer.api_key_env": key_env,
         }
         return Endpoint(["optimizer=azure"], values)
+    kind = "Azure AD token auth" if mode in TOKEN_MODES else "not a mode SkillOpt knows"
     raise UserError(
-        f"SkillOpt's optimizer auth mode is {mode!r} (Azure AD token auth): reflact's client takes a "
-        "key only; set optimizer_azure_openai_auth_mode to api_key or openai_compatible, or pass config="
+        f"SkillOpt's optimizer auth mode is {mode!r} ({kind}): reflact's client takes a key only; "
+        "set optimizer_azure_openai_auth_mode to api_key or openai_compatible, or pass config="
     )
+
+
+def _setting(value: object, key: str) -> str:
+    """A setting SkillOpt's client would send, as text; one it does not have (None, empty) is named by
+    SkillOpt's own config key, never sent as the text `None`."""
+    if value is None or not str(value).strip():
+        raise UserError(f"SkillOpt's {key} is not set (it is {value!r}): set it in SkillOpt's config, or pass config=")
+    return str(value)
 
 
 def _key_variable(key: str, environ) -> str:

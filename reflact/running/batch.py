@@ -153,21 +153,7 @@ class Batching:
             self.sent_now.update(new)
 
     def _sendable(self, found: dict[str, Request]) -> dict[str, Request]:
-        """The requests to send now: not in flight, not failed, not sent by this command already
-        (its answer went to another cache), at most retry.max_attempts batches each."""
-        new = {}
-        for key, request in found.items():
-            ask = self.state.requests.get(key)
-            if not request.first and self.o.batch_reasks is BatchReasks.live:
-                continue
-            answered_elsewhere = ask is not None and ask.state == "done" and key in self.sent_now
-            if ask is not None and (ask.state in ("in_flight", "failed") or answered_elsewhere) or self._failed(key):
-                continue
-            if ask is not None and ask.attempts >= self.o.retry.max_attempts:
-                ask.state, ask.error = "failed", f"no answer after {ask.attempts} batches (last: {ask.error})"
-                continue
-            new[key] = request
-        return new
+        return sendable(found, self.state, self.o, self.sent_now, self._failed)
 
     def _settle(self, waiting: bool) -> Stop | None:
         """Every input file submitted, every batch waited for and collected."""
@@ -213,6 +199,26 @@ class Batching:
                 f"/v1/batches); nothing was uploaded. python -m reflact.batch export {folder} writes the "
                 "requests for a local engine (vllm run-batch), or use optimizer.execution=live"
             ) from None
+
+
+def sendable(
+    found: dict[str, Request], state: BatchState, o: OptimizerConfig, sent_now: set[str], failed: Callable[[str], str]
+) -> dict[str, Request]:
+    """The requests to send now: not in flight, not failed, not sent by this command already
+    (its answer went to another cache), at most retry.max_attempts batches each."""
+    new = {}
+    for key, request in found.items():
+        ask = state.requests.get(key)
+        if not request.first and o.batch_reasks is BatchReasks.live:
+            continue
+        answered_elsewhere = ask is not None and ask.state == "done" and key in sent_now
+        if ask is not None and (ask.state in ("in_flight", "failed") or answered_elsewhere) or failed(key):
+            continue
+        if ask is not None and ask.attempts >= o.retry.max_attempts:
+            ask.state, ask.error = "failed", f"no answer after {ask.attempts} batches (last: {ask.error})"
+            continue
+        new[key] = request
+    return new
 
 
 def within_cap(state: BatchState, new: dict[str, Request], cap: float | None, first: bool) -> dict[str, Request]:

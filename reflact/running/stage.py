@@ -16,6 +16,7 @@ from pathlib import Path
 
 from reflact.calls.protocol import Optimizer, output_allowance
 from reflact.config import ReflactConfig
+from reflact.errors import StopSignal
 from reflact.groups import GROUPS
 from reflact.inputs.dataset import Dataset
 from reflact.modes import Mode, get_mode, reply_schema
@@ -82,8 +83,10 @@ class Stage:
         optimizer: Optimizer,
         run_dir: Path,
         observers: list[Observer] | None = None,
+        signals: StopSignal | None = None,
     ) -> None:
         self.cfg = cfg
+        self.signals = signals if signals is not None else StopSignal()  # Ctrl-C and SIGTERM, noted
         self.dataset = dataset
         self.run_dir = RunDir(run_dir)
         self.mode: Mode = get_mode(cfg.reflect.update_mode)
@@ -105,7 +108,7 @@ class Stage:
             meta_skill=meta_skill,
         )
         self.publish = Publisher(observers if observers is not None else [Progress(cfg, self.mode)])
-        self.asker = make_asker(cfg, self.mode, self.system, optimizer, self.publish)
+        self.asker = make_asker(cfg, self.mode, self.system, optimizer, self.publish, self.signals.stopping())
         self._built: tuple[tuple[str, int], Prompt] | None = None  # the last minibatch's prompt, for its draws
         self.patches: dict[str, dict] = {}  # after run(): every minibatch's patch as saved, in plan order
 
@@ -123,6 +126,7 @@ class Stage:
                 futures: list[Future] = []
                 for mb in plan:
                     settled.window.acquire()
+                    self.signals.check()  # a signal whose exception was lost on the way stops here too
                     if settled.crashed:  # a bug in a worker: no new submission, reported as it is
                         raise settled.crashed[0]
                     ready = self.prepare(mb)
@@ -136,6 +140,7 @@ class Stage:
                         settled.window.release()
                 for future in futures:
                     future.result()  # a worker's exception surfaces here
+                self.signals.check()
             except BaseException:  # Ctrl-C, SIGTERM, or a bug
                 self.stop(pool)
                 raise
@@ -217,7 +222,12 @@ class Stage:
 
 
 def make_asker(
-    cfg: ReflactConfig, mode: Mode, system: SystemPrompts, optimizer: Optimizer, publish: Publisher
+    cfg: ReflactConfig,
+    mode: Mode,
+    system: SystemPrompts,
+    optimizer: Optimizer,
+    publish: Publisher,
+    stopping: threading.Event,
 ) -> Asker:
     """The settings every conversation of the run shares."""
     o, provenance = cfg.optimizer, cfg.reflect.provenance
@@ -235,7 +245,7 @@ def make_asker(
         schemas=schemas,
         notes_allowed=system.notes_allowed,
         publish=publish,
-        stopping=threading.Event(),
+        stopping=stopping,
         provenance=provenance,
     )
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from reflact.errors import UserError, exits_on_user_error
+from reflact.files import usable_folder
 from reflact.imports import one_at_a_time
 from reflact.modes import mode_by_number
 from reflact.tracking.store import PAGE, runs_tagged
@@ -281,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", default=default_tracking_uri(Path.cwd()))
     parser.add_argument("--out", type=Path, default=None, help="folder for the report (default: the sweep id)")
     args = parser.parse_args(argv)
+    out = usable_folder(args.out or Path(args.sweep_id) / "report", "--out")
     _check_store(args.tracking_uri)
     with one_at_a_time():
         from mlflow.tracking import MlflowClient
@@ -290,7 +292,6 @@ def main(argv: list[str] | None = None) -> int:
     parents, _ = runs_tagged(
         client, experiments, "reflact.sweep_id", args.sweep_id, "tags.`reflact.sweep_parent` = 'true'"
     )
-    out = args.out or Path(args.sweep_id) / "report"
     paths = report_sweep(client, args.sweep_id, out, parents[0].info.run_id if parents else None)
     if not paths:
         raise UserError(f"no runs tagged reflact.sweep_id={args.sweep_id} in {args.tracking_uri}")

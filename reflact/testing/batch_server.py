@@ -193,14 +193,7 @@ class BatchService:
         code = "batch_expired" if status == "expired" else "batch_cancelled"
         for n, line in enumerate(batch["_lines"]):
             if n >= done:
-                errors.append(
-                    {
-                        "id": f"req_{n}",
-                        "custom_id": line["custom_id"],
-                        "response": None,
-                        "error": {"code": code, "message": f"this request was not run: {status}"},
-                    }
-                )
+                errors.append(_not_run(n, line["custom_id"], code, status))
                 continue
             self.lines.append(line["body"])
             response = self.answer(line["body"], len(self.lines))
@@ -214,9 +207,7 @@ class BatchService:
             }
             (output if response.status == 200 else errors).append(result)
         if self.settings.output_doubled and output:
-            again = json.loads(json.dumps(output[0]))
-            again["response"]["body"]["choices"][0]["message"]["content"] = "a second answer"
-            output.append(again)
+            output.append(_doubled(output[0]))
         batch["output_file_id"] = self.files.keep(batch["id"], "output", output, extra=self.settings.output_extra)
         batch["error_file_id"] = self.files.keep(batch["id"], "errors", errors)
         failed = len(errors)
@@ -239,3 +230,16 @@ class BatchService:
             "sent_twice": sum(1 for n in self.sent.values() if n > 1),
             "uploads": len([f for f in self.files.files if f.count("-") == 1]),
         }
+
+
+def _doubled(line: dict) -> dict:
+    """An output line answering its request a second time, otherwise."""
+    again = json.loads(json.dumps(line))
+    again["response"]["body"]["choices"][0]["message"]["content"] = "a second answer"
+    return again
+
+
+def _not_run(n: int, custom_id: str, code: str, status: str) -> dict:
+    """An error line for a request the batch ended before running."""
+    error = {"code": code, "message": f"this request was not run: {status}"}
+    return {"id": f"req_{n}", "custom_id": custom_id, "response": None, "error": error}
