@@ -471,3 +471,58 @@ def test_mlflow_shows_the_run_running_while_it_waits_then_scheduled_then_finishe
     assert [r.info.status for r in again] == ["FINISHED"]
     metrics = again[0].data.metrics  # one request of the two: the other was in the cache already
     assert metrics["batch_requests_completed"] == metrics["batch_requests_total"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# a 3 x 3 sweep over M and L: live, then as one batch
+
+
+SWEEP = ("-m", "+exp=demo", "reflect.minibatch_size=2,4,8", "reflect.edit_budget=1,2,4")
+
+
+def _sweep(srv: OptimizerServer, launch: Path, *extra: str):
+    return run_cli(*SWEEP, f"optimizer.base_url={srv.base_url}", "optimizer.model=test", PRICE, *extra, cwd=launch,
+                   timeout=900)
+
+
+def _cells(launch: Path) -> dict[tuple[int, int], Path]:
+    found = {}
+    for summary in sorted((launch / "outputs/sweeps/demo").glob("*/summary.json")):
+        s = json.loads(summary.read_text())["settings"]
+        assert (s["minibatch_size"], s["edit_budget"]) not in found
+        found[s["minibatch_size"], s["edit_budget"]] = summary.parent
+    assert len(found) == 9
+    return found
+
+
+def _patch_bytes(run_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((run_dir / "patches").glob("*.json"))}
+
+
+@pytest.mark.slow
+def test_a_3x3_sweep_as_one_batch_makes_the_live_sweeps_patches_at_half_the_cost(tmp_path, launch_dir):
+    from mlflow.tracking import MlflowClient
+
+    live_launch = tmp_path / "live"
+    live_launch.mkdir()
+    with OptimizerServer() as live_srv:
+        from tests.conftest import ok
+
+        ok(_sweep(live_srv, live_launch, "mlflow.enabled=false"))
+        live_sent = set(sent_bodies(live_srv))
+    with OptimizerServer() as srv:
+        ok(_sweep(srv, launch_dir, "optimizer.execution=batch"))
+        # one batch for the grid, each distinct request once, nothing sent live
+        assert stats(srv)["batches"] == 1 and stats(srv)["requests"] == 0 and stats(srv)["sent_twice"] == 0
+        assert set(sent_bodies(srv)) == live_sent and stats(srv)["batch_lines"] == len(live_sent)
+    live, batched = _cells(live_launch), _cells(launch_dir)
+    for cell in live:
+        assert _patch_bytes(batched[cell]) == _patch_bytes(live[cell]) != {}, cell
+    cost = {name: sum(json.loads((d / "summary.json").read_text())["counts"]["cost_usd"] for d in cells.values())
+            for name, cells in (("live", live), ("batch", batched))}
+    assert cost["batch"] == pytest.approx(cost["live"] / 2) and cost["live"] > 0
+    client = MlflowClient(f"sqlite:///{launch_dir}/outputs/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("reflact-demo").experiment_id])
+    parent = [r for r in runs if r.data.tags.get("reflact.sweep_parent") == "true"]
+    assert [r.info.status for r in parent] == ["FINISHED"] and parent[0].data.tags["reflact.batches"] == "batch_0001"
+    assert sorted(r.info.status for r in runs) == ["FINISHED"] * 10
