@@ -474,6 +474,49 @@ def test_mlflow_shows_the_run_running_while_it_waits_then_scheduled_then_finishe
 
 
 # ---------------------------------------------------------------------------------------------
+# flex: synchronous at the batch's price; its 429s cost nothing and may fall back to auto
+
+
+def _calls(run_dir: Path) -> list[dict]:
+    return [call for p in sorted((run_dir / "calls").glob("*/outcome.json"))
+            for call in json.loads(p.read_text())["call_log"]]
+
+
+def test_flex_429s_are_asked_again_cost_nothing_and_the_replies_cost_half(tmp_path):
+    with OptimizerServer() as live_srv:
+        live = run(tmp_path / "live", live_srv, "run", batch=False)
+    with OptimizerServer(batches=BatchSettings(flex_busy=2)) as srv:
+        # one attempt allowed: a 429 "resource unavailable" is no fault, so no attempt is used up
+        done = run(tmp_path / "flex", srv, "run", "optimizer.service_tier=flex", "optimizer.retry.max_attempts=1",
+                   batch=False)
+        assert srv.count == 15 and {r["service_tier"] for r in srv.requests} == {"flex"}
+    counts = done.summary["counts"]
+    assert done.status == "FINISHED" and counts["failed_calls"] == 0 and counts["retries"] == 0
+    assert counts["calls"] == 5 and counts["cost_usd"] == pytest.approx(live.summary["counts"]["cost_usd"] / 2)
+    assert counts["spent_usd"] == pytest.approx(live.summary["counts"]["spent_usd"] / 2)
+    calls = _calls(tmp_path / "flex/run")
+    assert [(c["service_tier"], c["flex_unavailable"]) for c in calls] == [("flex", 2)] * 5
+    assert patches_of(tmp_path / "flex/run") == patches_of(tmp_path / "live/run")
+
+
+def test_flex_falls_back_to_auto_after_flex_fallback_after_429s_with_one_warning(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="reflact")
+    with OptimizerServer() as live_srv:
+        live = run(tmp_path / "live", live_srv, "run", batch=False)
+    with OptimizerServer(batches=BatchSettings(flex_busy=100)) as srv:
+        done = run(tmp_path / "flex", srv, "run", "optimizer.service_tier=flex", "optimizer.flex_fallback_after=2",
+                   batch=False)
+        tiers = [r.get("service_tier") for r in srv.requests]
+        assert tiers.count("flex") == 10 and tiers.count(None) == 5  # two flex tries each, then auto
+    warnings = [r.getMessage() for r in caplog.records if "sent at auto" in r.getMessage()]
+    assert len(warnings) == 1 and "optimizer.flex_fallback_after=2" in warnings[0]
+    assert done.status == "FINISHED" and done.summary["counts"]["failed_calls"] == 0
+    # costed as what served it: the listed price
+    assert done.summary["counts"]["cost_usd"] == pytest.approx(live.summary["counts"]["cost_usd"])
+    assert [(c["service_tier"], c["flex_unavailable"]) for c in _calls(tmp_path / "flex/run")] == [("default", 2)] * 5
+
+
+# ---------------------------------------------------------------------------------------------
 # a 3 x 3 sweep over M and L: live, then as one batch
 
 
