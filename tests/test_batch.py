@@ -310,6 +310,26 @@ def test_a_command_killed_after_asking_for_its_batch_finds_that_batch_and_makes_
     assert done.status == "FINISHED" and state_of(tmp_path / "run").submissions[0].batch_id == "batch_0001"
 
 
+def test_a_command_killed_while_polling_is_resumed_by_the_next_without_a_second_batch(tmp_path, monkeypatch):
+    from reflact.calls.batches import BatchApi
+
+    retrieve = BatchApi.retrieve
+
+    def killed(self, batch_id):
+        raise KeyboardInterrupt  # Ctrl-C while it waits for the batch
+
+    with OptimizerServer(batches=BatchSettings(delay_s=3600)) as srv:
+        monkeypatch.setattr(BatchApi, "retrieve", killed)
+        with pytest.raises(KeyboardInterrupt):
+            run(tmp_path, srv, "run")
+        monkeypatch.setattr(BatchApi, "retrieve", retrieve)
+        assert [(s.batch_id, s.status) for s in state_of(tmp_path / "run").submissions] == [("batch_0001", "in_progress")]
+        srv.batches.settings.delay_s = 0
+        done = run(tmp_path, srv, "run")
+        assert stats(srv)["batches"] == 1 and stats(srv)["batch_lines"] == 5 and stats(srv)["uploads"] == 1
+    assert done.status == "FINISHED" and done.summary["counts"]["minibatches_done"] == 5
+
+
 def test_a_run_told_not_to_wait_returns_at_once_and_the_same_command_finishes_it(tmp_path):
     with OptimizerServer(batches=BatchSettings(delay_s=1.0)) as srv:
         left = run(tmp_path, srv, "run", "optimizer.batch_wait=false")
