@@ -323,7 +323,8 @@ def test_a_command_killed_while_polling_is_resumed_by_the_next_without_a_second_
         with pytest.raises(KeyboardInterrupt):
             run(tmp_path, srv, "run")
         monkeypatch.setattr(BatchApi, "retrieve", retrieve)
-        assert [(s.batch_id, s.status) for s in state_of(tmp_path / "run").submissions] == [("batch_0001", "in_progress")]
+        assert [(s.batch_id, s.status) for s in state_of(tmp_path / "run").submissions] == [
+            ("batch_0001", "in_progress")]
         srv.batches.settings.delay_s = 0
         done = run(tmp_path, srv, "run")
         assert stats(srv)["batches"] == 1 and stats(srv)["batch_lines"] == 5 and stats(srv)["uploads"] == 1
