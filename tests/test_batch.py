@@ -590,3 +590,19 @@ def test_a_3x3_sweep_as_one_batch_makes_the_live_sweeps_patches_at_half_the_cost
     parent = [r for r in runs if r.data.tags.get("reflact.sweep_parent") == "true"]
     assert [r.info.status for r in parent] == ["FINISHED"] and parent[0].data.tags["reflact.batches"] == "batch_0001"
     assert sorted(r.info.status for r in runs) == ["FINISHED"] * 10
+
+
+@pytest.mark.parametrize("setting, price", [
+    ((), 0.5),  # auto: the listed price
+    (("optimizer.service_tier=flex",), 0.25),  # flex, never falling back: half
+    (("optimizer.service_tier=flex", "optimizer.flex_fallback_after=3"), 0.5),  # it may go at auto: listed
+    (("optimizer.execution=batch",), 0.25),
+    (("optimizer.execution=batch", "optimizer.batch_reasks=live"), 0.5),  # re-asks go live at the listed price
+])
+def test_the_cost_cap_counts_the_dearest_price_that_may_apply(setting, price):
+    from reflact.running.ask import cap_price
+    from tests.conftest import make_config
+
+    cfg = make_config("data.dir=x", "optimizer=compatible", "optimizer.base_url=http://127.0.0.1:9",
+                      "optimizer.model=test", "+optimizer.prices.test={input:0.5,cached_input:0.1,output:2}", *setting)
+    assert cap_price(cfg.optimizer).input == price
