@@ -606,3 +606,33 @@ def test_the_cost_cap_counts_the_dearest_price_that_may_apply(setting, price):
     cfg = make_config("data.dir=x", "optimizer=compatible", "optimizer.base_url=http://127.0.0.1:9",
                       "optimizer.model=test", "+optimizer.prices.test={input:0.5,cached_input:0.1,output:2}", *setting)
     assert cap_price(cfg.optimizer).input == price
+
+
+@pytest.mark.slow
+def test_a_sweep_told_not_to_wait_leaves_its_parent_scheduled_and_the_same_command_finishes_it(launch_dir):
+    from mlflow.tracking import MlflowClient
+
+    from tests.conftest import ok
+
+    args = ("-m", "+exp=demo", "reflect.minibatch_size=4,8", "reflect.edit_budget=2", "optimizer=compatible",
+            "optimizer.model=test", PRICE, "optimizer.execution=batch", "optimizer.batch_wait=false")
+    client = MlflowClient(f"sqlite:///{launch_dir}/outputs/mlflow.db")
+
+    def parents():
+        runs = client.search_runs([client.get_experiment_by_name("reflact-demo").experiment_id])
+        return [r for r in runs if r.data.tags.get("reflact.sweep_parent") == "true"], runs
+
+    with OptimizerServer(batches=BatchSettings(delay_s=3600)) as srv:
+        left = run_cli(*args, f"optimizer.base_url={srv.base_url}", cwd=launch_dir, timeout=600)
+        said = ok(left)
+        assert "python -m reflact.run -m +exp=demo" in said and "optimizer.batch_wait=false" in said
+        (parent,), runs = parents()
+        assert parent.info.status == "SCHEDULED" and parent.data.tags["reflact.batches"] == "batch_0001"
+        assert len(runs) == 1 and not list((launch_dir / "outputs/sweeps/demo").glob("*/summary.json"))
+        srv.batches.settings.delay_s = 0
+        ok(run_cli(*args, f"optimizer.base_url={srv.base_url}", cwd=launch_dir, timeout=600))
+        assert stats(srv)["batches"] == 1 and srv.count == 0
+    (again,), runs = parents()
+    assert again.info.run_id == parent.info.run_id and again.info.status == "FINISHED"
+    assert sorted(r.info.status for r in runs) == ["FINISHED"] * 3
+    assert again.data.metrics["batch_requests_completed"] == again.data.metrics["batch_requests_total"] > 0
