@@ -21,6 +21,7 @@ import pytest
 
 import reflact
 from reflact.errors import UserError
+from reflact.running.batch import fingerprint
 from reflact.running.batch_state import load_state
 from reflact.running.rundir import BatchFiles
 from reflact.testing.batch_server import BatchSettings
@@ -68,6 +69,10 @@ def test_a_batch_run_makes_the_live_runs_patches_at_half_the_cost_each_request_s
         batched = run(tmp_path / "batch", srv, "run")
         assert stats(srv) == {"requests": 0, "batches": 1, "batch_lines": 5, "distinct": 5, "sent_twice": 0,
                               "uploads": 1}
+        created = srv.batches.batches["batch_0001"]
+        assert created["metadata"] == {"reflact": "run", "file": "input_001.jsonl",
+                                       "fingerprint": fingerprint(state_of(tmp_path / "batch/run").submissions[0])}
+        assert created["endpoint"] == "/v1/chat/completions"
         # each line is the very body the live client sends (its schema in response_format)
         assert sent_bodies(srv) == sent_bodies(live_srv)
     assert batched.status == live.status == "FINISHED"

@@ -37,6 +37,7 @@ Design.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Callable
@@ -159,7 +160,7 @@ class Batching:
         """Every input file submitted, every batch waited for and collected."""
         for sub in self.state.in_flight():
             if not sub.batch_id:
-                self.runner.submit(sub, {"reflact": self.name[:500], "file": sub.file})
+                self.runner.submit(sub, {"reflact": self.name[:500], "file": sub.file, "fingerprint": fingerprint(sub)})
         self.runner.told()
         stop = self.runner.wait(waiting, self.o.batch_max_wait_h, self.go_on)
         if stop is not None:
@@ -219,6 +220,11 @@ def sendable(
             continue
         new[key] = request
     return new
+
+
+def fingerprint(sub: Submission) -> str:
+    """What the batch holds, for its metadata: a digest of its requests' custom_ids (cache keys)."""
+    return hashlib.sha256("\n".join(sub.custom_ids).encode()).hexdigest()[:32]
 
 
 def within_cap(state: BatchState, new: dict[str, Request], cap: float | None, first: bool) -> dict[str, Request]:
