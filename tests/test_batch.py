@@ -452,6 +452,24 @@ def test_status_collect_and_cancel(tmp_path, capsys):
         assert done.status == "FINISHED" and stats(srv)["batches"] == 2
 
 
+def test_collect_puts_an_ended_batchs_lines_in_the_cache_without_running(tmp_path, capsys):
+    from reflact.batch import main
+
+    with OptimizerServer(batches=BatchSettings(delay_s=3600)) as srv:
+        run(tmp_path, srv, "run", "optimizer.batch_wait=false")
+        capsys.readouterr()
+        main(["collect", str(tmp_path / "run")])
+        assert "batch_0001: still in_progress; collect again later" in capsys.readouterr().out
+        srv.batches.settings.delay_s = 0
+        main(["collect", str(tmp_path / "run")])
+        shown = capsys.readouterr().out
+        assert "batch_0001: collected" in shown and "requests: 5 done" in shown
+        assert not (tmp_path / "run/patches").exists() or not list((tmp_path / "run/patches").glob("*.json"))
+        done = run(tmp_path, srv, "run")  # every reply from the cache: nothing sent again
+        assert stats(srv)["batches"] == 1 and srv.count == 0
+    assert done.status == "FINISHED" and done.summary["counts"]["minibatches_done"] == 5
+
+
 def test_the_tool_without_a_batch_is_one_line(tmp_path):
     proc = _tool("status", str(tmp_path), cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith("reflact: error: ") and "no batch here" in proc.stderr
