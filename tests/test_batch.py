@@ -664,3 +664,20 @@ def test_a_sweep_told_not_to_wait_leaves_its_parent_scheduled_and_the_same_comma
     assert again.info.run_id == parent.info.run_id and again.info.status == "FINISHED"
     assert sorted(r.info.status for r in runs) == ["FINISHED"] * 3
     assert again.data.metrics["batch_requests_completed"] == again.data.metrics["batch_requests_total"] > 0
+
+
+@pytest.mark.slow
+def test_a_sweeps_expired_batch_keeps_its_lines_and_the_next_holds_exactly_the_rest(launch_dir):
+    from tests.conftest import ok
+
+    args = ("-m", "+exp=demo", "reflect.minibatch_size=4,8", "reflect.edit_budget=2", "optimizer=compatible",
+            "optimizer.model=test", PRICE, "optimizer.execution=batch", "mlflow.enabled=false")
+    with OptimizerServer(batches=BatchSettings(expire_share=0.6)) as srv:
+        ok(run_cli(*args, f"optimizer.base_url={srv.base_url}", cwd=launch_dir, timeout=600))
+        first, second = srv.batches.batches["batch_0001"]["_lines"], srv.batches.batches["batch_0002"]["_lines"]
+        kept = int(0.6 * len(first))
+        assert [line["custom_id"] for line in second] == [line["custom_id"] for line in first[kept:]]
+        assert stats(srv)["batches"] == 2 and stats(srv)["sent_twice"] == 0 and srv.count == 0
+    summaries = sorted((launch_dir / "outputs/sweeps/demo").glob("*/summary.json"))
+    assert len(summaries) == 2
+    assert all(json.loads(p.read_text())["counts"]["minibatches_failed"] == 0 for p in summaries)
