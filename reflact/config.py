@@ -74,6 +74,28 @@ class ContextOverflow(Enum):
     shorten = "shorten"  # shorten its longest items in the middle
 
 
+class ServiceTier(Enum):
+    auto = "auto"  # nothing sent: the project's default tier
+    flex = "flex"  # batch prices, synchronous, slower; a 429 "resource unavailable" is not billed
+    default = "default"
+    priority = "priority"
+
+
+class Execution(Enum):
+    live = "live"  # one request at a time, as the stage goes
+    batch = "batch"  # every request known up front sent as a Batch API job (reflact.running.batch)
+
+
+class BatchReasks(Enum):
+    batch = "batch"  # re-asks go as a follow-up batch
+    live = "live"  # re-asks are sent live once the first batch is in
+
+
+# tiers a price may name its own amounts for; flex and batch default to half the listed price
+TIERS = ("flex", "batch", "priority")
+HALF_PRICE_TIERS = ("flex", "batch")
+
+
 class Provider(Enum):
     openai = "openai"  # OpenAI or any OpenAI-compatible server at base_url
     azure = "azure"
@@ -126,6 +148,22 @@ class Price:
     input: float = 0.0
     cached_input: float = 0.0
     output: float = 0.0
+    tiers: dict[str, Price] = field(default_factory=dict)  # a tier's own price (flex, batch, priority)
+
+    def at(self, tier: str) -> Price:
+        """The price of a reply served at `tier` (as the reply names it): the tier's own when given,
+        else half the listed amounts for flex and batch, else the listed price."""
+        if tier in self.tiers:
+            return self.tiers[tier]
+        if tier in HALF_PRICE_TIERS:
+            return Price(self.input / 2, self.cached_input / 2, self.output / 2)
+        return Price(self.input, self.cached_input, self.output)
+
+    def most(self, other: Price) -> Price:
+        """The larger of two prices, amount by amount: what the cost cap counts when either may apply."""
+        return Price(
+            max(self.input, other.input), max(self.cached_input, other.cached_input), max(self.output, other.output)
+        )
 
 
 @dataclass
@@ -171,6 +209,15 @@ class OptimizerConfig:
     tpm: int | None = None  # tokens per minute (prompt estimate + output allowance)
     dry_run: bool = False  # build and save every prompt, estimate tokens and cost, call nothing
     retry: RetryConfig = field(default_factory=RetryConfig)
+    service_tier: ServiceTier = ServiceTier.auto  # sent as `service_tier` unless auto
+    flex_timeout_s: float = 900.0  # with flex, the longest one request may take (flex replies are slower)
+    flex_fallback_after: int | None = None  # flex 429s "resource unavailable" for one request before it goes at auto
+    execution: Execution = Execution.live
+    batch_wait: bool = True  # false: submit the batch and return at once
+    batch_reasks: BatchReasks = BatchReasks.batch
+    batch_max_wait_h: float = 25.0  # a batch still unfinished this long after its creation is left to a later command
+    batch_max_requests: int = 50000  # per input file (Azure allows 100,000)
+    batch_max_mb: float = 200.0  # per input file
     # model -> {input, cached_input, output}; plain dicts so a new model can be priced on the
     # command line (+optimizer.prices.my-model={input:1,output:2}); checked by validate()
     prices: dict[str, Any] = field(default_factory=dict)
@@ -264,6 +311,15 @@ UNCHANGING = (
     "optimizer.prices",
     "optimizer.cache",
     "optimizer.cache_path",
+    "optimizer.service_tier",
+    "optimizer.flex_timeout_s",
+    "optimizer.flex_fallback_after",
+    "optimizer.execution",
+    "optimizer.batch_wait",
+    "optimizer.batch_reasks",
+    "optimizer.batch_max_wait_h",
+    "optimizer.batch_max_requests",
+    "optimizer.batch_max_mb",
     "mlflow",
     "analysis",
 )
@@ -449,6 +505,7 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     _check_prompts(cfg.prompts)
     _check_optimizer_numbers(cfg.optimizer, get_mode(cfg.reflect.update_mode).full_rewrite)
     _check_optimizer_names(cfg.optimizer)
+    _check_execution(cfg.optimizer)
     _check_optimizer_urls(cfg.optimizer)
     _check_mlflow(cfg.mlflow)
     _check_analysis(cfg)
@@ -591,6 +648,26 @@ def _check_optimizer_numbers(o: OptimizerConfig, full_rewrite: bool) -> None:
     _at_least(o.retry.max_attempts, 1, "optimizer.retry.max_attempts")
     for key in ("max_seconds", "initial_wait_s", "max_wait_s"):
         _number(getattr(o.retry, key), f"optimizer.retry.{key}", low=0)
+
+
+def _check_execution(o: OptimizerConfig) -> None:
+    """Flex and batch settings: numbers in range, and batch execution only where its results can
+    reach the run (they come back through the response cache)."""
+    _number(o.flex_timeout_s, "optimizer.flex_timeout_s", above=0)
+    if o.flex_fallback_after is not None:
+        _at_least(o.flex_fallback_after, 1, "optimizer.flex_fallback_after")
+    _number(o.batch_max_wait_h, "optimizer.batch_max_wait_h", above=0)
+    _at_least(o.batch_max_requests, 1, "optimizer.batch_max_requests")
+    _number(o.batch_max_mb, "optimizer.batch_max_mb", above=0)
+    if o.execution is not Execution.batch:
+        return
+    if o.dry_run:
+        raise UserError("optimizer.execution=batch with a dry run: a dry run sends nothing; drop one of the two")
+    if o.cache is not CacheMode.read_write:
+        raise UserError(
+            f"optimizer.execution=batch needs optimizer.cache=read_write, not {o.cache.value}: a batch's "
+            "results reach the run through the response cache"
+        )
 
 
 def _check_optimizer_names(o: OptimizerConfig) -> None:
@@ -744,23 +821,32 @@ def dataset_paths(data: DataConfig) -> tuple[Path, Path, Path]:
     return skill, results, predictions
 
 
-def _price(model: str, value: Any) -> Price:
+def _price(model: str, value: Any, tier: str = "") -> Price:
+    """A model's price from the config: input, cached_input and output, and optionally a tier's own
+    (flex, batch, priority: each the same three amounts)."""
+    key = f"optimizer.prices.{model}" + (f".{tier}" if tier else "")
     if isinstance(value, Price):
-        value = {"input": value.input, "cached_input": value.cached_input, "output": value.output}
+        value = {"input": value.input, "cached_input": value.cached_input, "output": value.output, "tiers": value.tiers}
     try:
-        price = Price(**dict(value))
+        given = dict(value)
+        # a tier's own price: named beside the amounts, or under `tiers` (a saved config's spelling)
+        tiers = {**dict(given.pop("tiers", None) or {}), **{n: given.pop(n) for n in TIERS if n in given and not tier}}
+        if set(tiers) - set(TIERS) or (tier and tiers):
+            raise TypeError("unknown tier")
+        price = Price(**given)
         amounts = [price.input, price.cached_input, price.output]
         if any(isinstance(a, bool) for a in amounts):
             raise ValueError("a boolean is not a price")
         amounts = [float(a) for a in amounts]
         if not all(math.isfinite(a) and a >= 0 for a in amounts):
             raise ValueError("not a finite, non-negative number")
-        return Price(*amounts)
     except (TypeError, ValueError):
+        named = "" if tier else ", optionally with flex, batch or priority of the same shape"
         raise UserError(
-            f"optimizer.prices.{model}: expected {{input, cached_input, output}} as finite, non-negative numbers, "
-            f"got {value!r}"
+            f"{key}: expected {{input, cached_input, output}} as finite, non-negative numbers{named}, got {value!r}"
         ) from None
+    tier_prices = {name: _price(model, own, name) for name, own in tiers.items()}
+    return Price(input=amounts[0], cached_input=amounts[1], output=amounts[2], tiers=tier_prices)
 
 
 def _at_least(value: int, low: int, key: str) -> None:

@@ -3,6 +3,7 @@ the run's summary and report, and the run's true status."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -10,22 +11,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reflact.analysis.figures import Run, analyse_run_dir, run_from
 from reflact.analysis.figures import warm as analysis_warm
 from reflact.analysis.matchers import matcher_for
 from reflact.calls.deferred import Deferred, api_key
 from reflact.calls.protocol import CHARS_PER_TOKEN, DRY_RUN_REPLY_TOKENS, DryRunEstimator, Optimizer
-from reflact.config import ReflactConfig, how_to_price, priced
+from reflact.config import Execution, ReflactConfig, how_to_price, priced
 from reflact.errors import Stopped, StopSignal
-from reflact.inputs.dataset import load_dataset
+from reflact.imports import one_at_a_time
+from reflact.inputs.dataset import Dataset, load_dataset
 from reflact.modes import get_mode
-from reflact.running.events import Replied
-from reflact.running.rundir import RunDir, locked
+from reflact.running.events import BatchNoted, Replied
+from reflact.running.rundir import RunDir, SweepDir, locked
 from reflact.running.stage import Stage
 from reflact.running.summary import run_status, summarize, usd
 from reflact.tracking.live import LiveRun
 from reflact.tracking.process import RunContext, SpareTracker
+
+if TYPE_CHECKING:  # batch execution's modules come with the OpenAI SDK: imported when a run batches
+    from reflact.running.batch import Batching
+    from reflact.running.batch_runner import Stop
 
 log = logging.getLogger("reflact")
 
@@ -40,6 +47,7 @@ class Launch:
     overrides: tuple[str, ...] = ()
     record_config: Callable[[], None] | None = None  # writes .hydra/ once the inputs passed their checks
     tracker: SpareTracker | None = None  # the process's idle tracker: started by the command line, or its last run's
+    go_on: str = ""  # the command that goes on with a run whose batch is left to run
     signals: StopSignal | None = None  # Ctrl-C and SIGTERM as the command's handlers note them
 
 
@@ -59,13 +67,21 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
     `record_config` writes the run's config beside its outputs (a bad rerun changes nothing)."""
     started_at = time.time()
     dataset = load_dataset(cfg.data)
-    optimizer = make_optimizer(cfg, launch.launch_dir, dataset.skill)
+    batching = batching_for(cfg, dataset, run_dir, launch) if cfg.optimizer.execution is Execution.batch else None
+    optimizer = make_optimizer(cfg, launch.launch_dir, dataset.skill, gate=batching.gate if batching else None)
     stage = Stage(cfg, dataset, optimizer, run_dir, signals=launch.signals)
-    with locked(stage.run_dir):
+    if batching is not None:  # over the cap, a request over the file limit: one line, nothing written
+        batching.check()
+    with locked(stage.run_dir), _closed(batching):
         if launch.record_config is not None:
             launch.record_config()
+        if batching is not None:  # no Batch API: one line naming export, nothing uploaded, no MLflow run
+            batching.first()
         tracker = _tracker(cfg, params, stage, launch, started_at) if cfg.mlflow.enabled else None
         try:
+            stop = batching.finish(lambda notes, step: stage.publish(BatchNoted(notes, step))) if batching else None
+            if stop is not None:
+                return _left_to_run(stop, stage, optimizer, tracker)
             return _run(cfg, stage, optimizer, tracker, started_at, launch.launch_dir)
         except BaseException as exc:
             stopped = stage.signals.stop_of(exc)
@@ -79,6 +95,42 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
                 f"{stopped}: no new call was started; continue with the same hydra.run.dir={run_dir}",
                 stopped.exit_code,
             ) from None
+
+
+def batching_for(cfg: ReflactConfig, dataset: Dataset, run_dir: Path, launch: Launch) -> Batching:
+    """The run's batch (reflact.running.batch), its state in the run dir; a sweep's job also knows
+    what its sweep's batch could not answer."""
+    with one_at_a_time():  # the SDK comes with them
+        from reflact.running.batch import Batching
+        from reflact.running.batch_requests import Unit
+        from reflact.running.batch_state import load_state
+
+    go_on = launch.go_on or f"reflact.reflect(..., run_dir={str(run_dir)!r})"
+    unit = Unit(cfg, dataset, Path(run_dir))
+    batching = Batching(RunDir(run_dir).batch_files(), [unit], RunDir(run_dir).root.name, launch.launch_dir, go_on)
+    swept = load_state(SweepDir(launch.sweep_dir).batch_files()) if launch.sweep_dir is not None else None
+    if swept is not None:
+        batching.ledgers.append(swept)
+    return batching
+
+
+@contextlib.contextmanager
+def _closed(batching: Batching | None):
+    try:
+        yield
+    finally:
+        if batching is not None:
+            batching.close()
+
+
+def _left_to_run(stop: Stop, stage: Stage, optimizer: Optimizer, tracker: LiveRun | None) -> RunResult:
+    """A run whose batch is left to run: its MLflow run SCHEDULED (never FAILED), the one command
+    that goes on said; `reason` when it was not asked to return (a fault, a batch past its wait)."""
+    optimizer.close()
+    run_id = tracker.finish(None, "SCHEDULED") if tracker is not None else None
+    if not stop.fault:
+        log.info("%s", stop.message)
+    return RunResult(stage.run_dir.root, {}, {}, "SCHEDULED", stop.message if stop.fault else "", run_id)
 
 
 def _tracker(cfg: ReflactConfig, params: dict[str, str], stage: Stage, launch: Launch, started_at: float) -> LiveRun:
@@ -249,16 +301,20 @@ def report_analysis(analysis: dict) -> None:
         )
 
 
-def make_optimizer(cfg: ReflactConfig, launch_dir: Path, skill: str, environ: dict | None = None) -> Optimizer:
-    """The run's optimizer: the dry-run estimator, or the client built from `optimizer.*`."""
+def make_optimizer(
+    cfg: ReflactConfig, launch_dir: Path, skill: str, environ: dict | None = None, gate: Callable | None = None
+) -> Optimizer:
+    """The run's optimizer: the dry-run estimator, or the client built from `optimizer.*` (`gate`:
+    batch execution's rule for what the cache does not answer, reflact.calls.client)."""
     if cfg.optimizer.dry_run:
         full_rewrite = get_mode(cfg.reflect.update_mode).full_rewrite
-        return DryRunEstimator(DRY_RUN_REPLY_TOKENS + (len(skill) // CHARS_PER_TOKEN if full_rewrite else 0))
+        tier = cfg.optimizer.service_tier.value if cfg.optimizer.service_tier.value != "auto" else ""
+        return DryRunEstimator(DRY_RUN_REPLY_TOKENS + (len(skill) // CHARS_PER_TOKEN if full_rewrite else 0), tier)
     api_key(cfg.optimizer, os.environ if environ is None else environ)  # a missing key stops the run here
 
     def make() -> Optimizer:
         from reflact.calls.client import make_client
 
-        return make_client(cfg.optimizer, launch_dir, environ)
+        return make_client(cfg.optimizer, launch_dir, environ, gate)
 
     return Deferred(make)

@@ -10,6 +10,7 @@ import atexit
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -80,12 +81,19 @@ def _run(
         tuple(hc.overrides.task),
         record_config=lambda: _record_config(dict_cfg, hc, run_dir),
         tracker=spare,
+        go_on=_command_line(run_dir, multirun),
         signals=signals,
     )
     result = run(cfg, params, run_dir, launch)
-    if result.status == "FAILED":
+    if result.status == "FAILED" or result.reason:  # a batch left to run by a fault has its reason too
         raise RunFailed(result.reason)
     return optimized_value(cfg, result.summary)
+
+
+def _command_line(run_dir: Path, multirun: bool) -> str:
+    """This command again, in this run dir (a sweep: the same sweep): what goes on with a batch."""
+    args = [arg for arg in sys.argv[1:] if multirun or not arg.startswith("hydra.run.dir=")]
+    return shlex.join(["python", "-m", "reflact.run", *args, *([] if multirun else [f"hydra.run.dir={run_dir}"])])
 
 
 def _record_config(dict_cfg: DictConfig, hc: DictConfig, run_dir: Path) -> None:

@@ -45,16 +45,22 @@ def _entry(row: tuple | None) -> dict | None:
 
 def cache_entry(reply: Reply) -> dict:
     """What the cache keeps of a reply (cached_reply reads it back)."""
-    return {
+    entry = {
         "text": reply.text,
         "finish_reason": reply.finish_reason,
         "structured": reply.structured,
         "usage": asdict(reply.usage),
     }
+    if reply.service_tier:  # what it cost when made: the price of the tier that served it
+        entry["service_tier"] = reply.service_tier
+    if reply.batch_id:  # a batch's line, paid by the batch; the first run to use it counts it as its call
+        entry["batch"] = reply.batch_id
+    return entry
 
 
 def cached_reply(entry: dict | None, key: str) -> Reply | None:
-    """A stored chat reply, free and started now; None (a miss) when the entry is not one."""
+    """A stored chat reply, free and started now; None (a miss) when the entry is not one. A batch's
+    line names its batch (`batch_id`): on its first use (ResponseCache.claim) it is that run's call."""
     hit = _reply_entry(entry)
     if hit is None:
         return None
@@ -67,7 +73,18 @@ def cached_reply(entry: dict | None, key: str) -> Reply | None:
         structured=hit.get("structured", "off"),
         started_at=time.time(),
         cache_key=key,
+        service_tier=hit.get("service_tier", ""),
+        batch_id=hit.get("batch", ""),
     )
+
+
+def used_reply(cache: ResponseCache, key: str) -> Reply | None:
+    """The cache's reply to `key`, used: a batch's line on its first use is this request's call,
+    paid by the batch (ResponseCache.claim); any other hit is free."""
+    hit = cached_reply(cache.get(key), key)
+    if hit is not None and hit.batch_id and cache.claim(key):
+        hit.from_cache = False
+    return hit
 
 
 def _reply_entry(entry: dict | None) -> dict | None:
@@ -78,6 +95,8 @@ def _reply_entry(entry: dict | None) -> dict | None:
     if not (
         isinstance(entry.get("finish_reason"), (str, type(None)))
         and isinstance(entry.get("structured", "off"), str)
+        and isinstance(entry.get("service_tier", ""), str)
+        and isinstance(entry.get("batch", ""), str)
         and isinstance(usage, dict)
         and set(usage) <= _USAGE
         and all(type(count) is int and count >= 0 for count in usage.values())
@@ -99,6 +118,8 @@ class ResponseCache:
             self._db = sqlite3.connect(path, timeout=timeout_s, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, reply TEXT NOT NULL)")
+            # a batch's lines used by a run (the first use is that run's call, paid by the batch)
+            self._db.execute("CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY)")
         except (sqlite3.Error, OSError) as exc:
             self._give_up(exc)
 
@@ -114,6 +135,23 @@ class ResponseCache:
     def forget(self, keys: list[str]) -> None:
         """Drop replies that led nowhere, so a rerun asks again instead of replaying a failure."""
         self._run("DELETE FROM replies WHERE key = ?", [(k,) for k in keys])
+        self._run("DELETE FROM claims WHERE key = ?", [(k,) for k in keys])
+
+    def put_batch(self, key: str, reply: dict) -> None:
+        """A batch's line: kept, its next use a first use (reflact.running.batch collects into here)."""
+        self.put(key, reply)
+        self._run("DELETE FROM claims WHERE key = ?", [(key,)])
+
+    def claim(self, key: str) -> bool:
+        """Whether this is the first use of the entry `key` (a batch's line counts once, as a call)."""
+        with self._lock:
+            if self._closed or self._db is None or not self.writable:
+                return False
+            try:  # sqlite's own locking makes one process of a sweep's the first
+                return self._db.execute("INSERT OR IGNORE INTO claims (key) VALUES (?)", (key,)).rowcount == 1
+            except (sqlite3.Error, OSError) as exc:
+                self._give_up(exc)
+                return False
 
     def _run(self, sql: str, rows: list[tuple]) -> tuple | None:
         """The statement for each row (the first row's result back); None once the cache is off."""

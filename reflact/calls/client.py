@@ -6,6 +6,13 @@ Requests go through the SDK's async client on one background event loop (`Transp
 there can a request be bounded as a whole (the HTTP timeouts bound each read, so a server
 sending a byte a second never times out) and be abandoned from another thread on close().
 Every reply body is read by reflact.calls.completion, never trusted as it comes.
+
+With `optimizer.service_tier` the tier goes with each request (flex: the longer
+`flex_timeout_s`; a 429 "resource unavailable" is asked again and is no fault, after
+`flex_fallback_after` of them the request goes at auto). With `optimizer.execution=batch` the
+replies come from the response cache, put there by a batch (reflact.running.batch): a batch's
+line is the call of the first run that uses it; a request the batch did not answer is not sent
+(`gate`), except a re-ask with `optimizer.batch_reasks=live`.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +37,18 @@ from tenacity import (
     RetryCallState,
     Retrying,
     retry_if_exception,
-    stop_after_attempt,
+    stop_any,
     stop_before_delay,
     wait_exponential_jitter,
 )
+from tenacity.stop import stop_base
 
-from reflact.calls.cache import ResponseCache, cache_entry, cache_key, cached_reply
+from reflact.calls.cache import ResponseCache, cache_entry, cache_key, used_reply
 from reflact.calls.completion import Completion, MalformedReply, read_completion
 from reflact.calls.deferred import api_key
 from reflact.calls.protocol import CallError, Optimizer, Reply, estimate_tokens
 from reflact.calls.ratelimit import RateLimiter
-from reflact.config import CacheMode, OptimizerConfig, Provider, StructuredOutput
+from reflact.config import CacheMode, OptimizerConfig, Provider, ServiceTier, StructuredOutput
 from reflact.imports import resolve_lazy
 from reflact.launch import LaunchDir
 from reflact.text import one_line
@@ -55,6 +64,29 @@ CLOSE_WAIT_S = 5.0  # close() waits this long at most for the connections to be 
 
 class Abandoned(Exception):
     """The client was closed: the request was cancelled, or never sent."""
+
+
+@dataclass
+class Attempts:
+    """One request's attempts: every one sent, and the flex 429s among them (never billed, no fault)."""
+
+    sent: int = 0
+    unavailable: int = 0
+    fell_back: bool = False  # flex_fallback_after reached: sent at auto from now on
+
+    @property
+    def faults(self) -> int:
+        return self.sent - self.unavailable
+
+
+class FaultsReached(stop_base):
+    """tenacity's stop after `limit` faults of one request (flex 429s are none)."""
+
+    def __init__(self, tries: Attempts, limit: int) -> None:
+        self.tries, self.limit = tries, limit
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return self.tries.faults >= self.limit
 
 
 # what a failed call raises (the SDK's errors, a body that is not a completion, a deadline, a
@@ -184,6 +216,73 @@ class EndpointWatch:
         return CallError(ABANDONED, retries=retries)
 
 
+class Shapes:
+    """What a request is and how it goes: its response cache key (the endpoint, model, messages,
+    decoding, structured output and schema, sample), its body with the response format, and the
+    tier it asks for. The client sends what it shapes; a batch's lines are shaped by the same
+    (reflact.running.batch_requests)."""
+
+    def __init__(self, cfg: OptimizerConfig, endpoint: dict) -> None:
+        self.cfg = cfg
+        self.endpoint = endpoint  # which server answers: part of the cache key
+        self.schema_rejected = threading.Event()  # `auto`: this server answered 400 to a JSON schema
+        self._fallback_said = threading.Event()  # flex_fallback_after's one warning
+
+    def keyed(
+        self,
+        messages: list[dict],
+        max_output_tokens: int,
+        schema: dict | None = None,
+        sample: int | None = None,
+        hashed: bool = True,
+    ) -> tuple[str, dict]:
+        """(the cache key, "" unless `hashed`: hashing the whole request only pays when there is a
+        cache to ask; the request before any response format)."""
+        sample = self.cfg.sample if sample is None else sample
+        logical = request_body(self.cfg, messages, max_output_tokens, sample)
+        if not hashed:
+            return "", logical
+        shape = {**logical, "endpoint": self.endpoint, "schema": schema, "sample": sample}
+        return cache_key({**shape, "structured_output": self.cfg.structured_output.value}), logical
+
+    def request(self, logical: dict, schema: dict | None, tries: Attempts, label: str) -> tuple[dict, str]:
+        """(the request as the SDK takes it, its response format and tier as extra_body; the response
+        format recorded). As extra_body: the SDK's typed transform of a nested schema costs ~1.5 ms a call."""
+        body, structured = self.as_sent(logical, schema)
+        extra = {key: body[key] for key in ("response_format",) if key in body}
+        tier = self.tier(tries, label)
+        if tier:
+            extra["service_tier"] = tier
+        return ({**logical, "extra_body": extra} if extra else logical), structured
+
+    def as_sent(self, logical: dict, schema: dict | None) -> tuple[dict, str]:
+        """(the request's body as it is sent, the response format it holds as recorded): a batch's line."""
+        structured, response_format = response_format_for(
+            self.cfg.structured_output, schema, self.schema_rejected.is_set()
+        )
+        return ({**logical, "response_format": response_format} if response_format else logical), structured
+
+    def tier(self, tries: Attempts, label: str) -> str:
+        """The tier this attempt asks for ("" for auto: nothing sent); flex until flex_fallback_after
+        429s "resource unavailable" for this request, then auto, with one warning for the run."""
+        tier, after = self.cfg.service_tier, self.cfg.flex_fallback_after
+        if tier is ServiceTier.auto or tries.fell_back:
+            return ""
+        if tier is ServiceTier.flex and after is not None and tries.unavailable >= after:
+            tries.fell_back = True
+            if not self._fallback_said.is_set():
+                self._fallback_said.set()
+                log.warning(
+                    "%s: flex capacity unavailable %d times; sent at auto (listed price) from then on, as "
+                    "optimizer.flex_fallback_after=%d says (each such request is recorded with its tier)",
+                    label or "a request",
+                    tries.unavailable,
+                    after,
+                )
+            return ""
+        return tier.value
+
+
 class OptimizerClient(Optimizer):  # made whole by make_client: `ready` has nothing to do
     """Calls, with retries, the response cache and the rate limits of `optimizer.*`."""
 
@@ -194,14 +293,17 @@ class OptimizerClient(Optimizer):  # made whole by make_client: `ready` has noth
         cache: ResponseCache | None = None,
         secret: str = "",
         endpoint: dict | None = None,
+        gate: Callable[[str, bool], str | None] | None = None,
     ) -> None:
+        """`gate(key, first)`: with batch execution, why a request the cache does not answer is not
+        sent (None: send it); `first` is a conversation's first request, not a re-ask."""
         self.cfg = cfg
-        self._transport = Transport(sdk, cfg.timeout_s)
+        self._transport = Transport(sdk, request_timeout(cfg))
+        self._gate = gate
         self._secret = secret
         self.cache = cache
-        self._endpoint = endpoint or {}  # which server answers: part of the cache key
+        self.shapes = Shapes(cfg, endpoint or {})
         self._limiter = RateLimiter(cfg.rpm, cfg.tpm, stop=self._transport.closing) if (cfg.rpm or cfg.tpm) else None
-        self._schema_rejected = threading.Event()  # `auto`: this server answered 400 to a JSON schema
         self._warned: set[str] = set()  # the usage fields already warned about
         self._watch = EndpointWatch()
 
@@ -217,22 +319,13 @@ class OptimizerClient(Optimizer):  # made whole by make_client: `ready` has noth
         optimizer.samples > 1, sent as the request's seed; `label` names the request in retry lines."""
         if self._stopped():
             raise self._watch.ended()
-        sample = self.cfg.sample if sample is None else sample
-        logical = request_body(self.cfg, messages, max_output_tokens, sample)
-        key = ""  # hashing the whole request only pays when there is a cache to ask
-        if self.cache:
-            key = cache_key(
-                {
-                    **logical,
-                    "endpoint": self._endpoint,
-                    "schema": schema,
-                    "sample": sample,
-                    "structured_output": self.cfg.structured_output.value,
-                }
-            )
-            hit = cached_reply(self.cache.get(key), key)
-            if hit is not None:
-                return hit
+        key, logical = self.shapes.keyed(messages, max_output_tokens, schema, sample, hashed=bool(self.cache))
+        hit = used_reply(self.cache, key) if self.cache else None
+        if hit is not None:
+            return hit
+        refused = self._gate(key, len(messages) <= 2) if self._gate is not None else None
+        if refused is not None:
+            raise CallError(refused)
         reply = self._call_with_retries(logical, schema, estimate_tokens(messages) + max_output_tokens, label)
         reply.cache_key = key
         if self.cache:
@@ -252,65 +345,68 @@ class OptimizerClient(Optimizer):  # made whole by make_client: `ready` has noth
 
     def _call_with_retries(self, logical: dict, schema: dict | None, tokens: int, label: str = "") -> Reply:
         closing = self._transport.closing
+        tries = Attempts()
+        retry = self.cfg.retry
         retrying = Retrying(
             retry=retry_if_exception(lambda exc: is_transient(exc) and not self._stopped()),
-            stop=stop_after_attempt(self.cfg.retry.max_attempts) | stop_before_delay(self.cfg.retry.max_seconds),
-            wait=wait_after(self.cfg.retry.initial_wait_s, self.cfg.retry.max_wait_s),
+            # a flex 429 is no fault: it uses up time (retry.max_seconds), not attempts
+            stop=stop_any(FaultsReached(tries, retry.max_attempts), stop_before_delay(retry.max_seconds)),
+            wait=wait_after(retry.initial_wait_s, retry.max_wait_s),
             sleep=closing.wait,  # type: ignore[arg-type]  # Event.wait's bool is ignored; a backoff ends early when the client is closed
-            before_sleep=lambda state: say_retry(label, state, self.cfg.retry.max_attempts, self._secret),
+            before_sleep=lambda state: say_retry(label, state, retry.max_attempts, self._secret, tries),
             reraise=True,
         )
-        sent = [0]  # requests made, the retries' included
         try:
             for attempt in retrying:
                 with attempt:
-                    completion, started, wall, structured = self._send(logical, schema, tokens, sent)
+                    completion, started, wall, structured = self._send(logical, schema, tokens, tries, label)
         except CALL_FAULTS as exc:  # a failure of the call; anything else is a bug, with its traceback
             if self._stopped():
-                raise self._watch.ended(retries=max(sent[0] - 1, 0)) from None
-            raise CallError(describe_error(exc, self._secret), retries=max(sent[0] - 1, 0)) from None
+                raise self._watch.ended(retries=max(tries.faults - 1, 0)) from None
+            raise CallError(describe_error(exc, self._secret), retries=max(tries.faults - 1, 0)) from None
         return Reply(
             text=completion.text,
             finish_reason=completion.finish_reason,
             usage=completion.usage,
             latency_s=time.monotonic() - started,
-            retries=sent[0] - 1,
+            retries=tries.faults - 1,
             structured=structured,
             started_at=wall,
+            service_tier=completion.service_tier,
+            flex_unavailable=tries.unavailable,
         )
 
-    def _send(self, logical: dict, schema: dict | None, tokens: int, sent: list[int]) -> tuple:
+    def _send(self, logical: dict, schema: dict | None, tokens: int, tries: Attempts, label: str) -> tuple:
         """One attempt: (completion, monotonic and wall start, response format sent). With
         structured_output=auto, a 400 to the JSON schema is asked again without it, here."""
-        structured, response_format = response_format_for(
-            self.cfg.structured_output, schema, self._schema_rejected.is_set()
-        )
-        # as extra_body: the SDK's typed transform of a nested schema costs ~1.5 ms a call
-        request = {**logical, "extra_body": {"response_format": response_format}} if response_format else logical
+        request, structured = self.shapes.request(logical, schema, tries, label)
         try:
-            return *self._create(request, tokens, sent), structured
+            return *self._create(request, tokens, tries), structured
         except openai.BadRequestError as exc:
             auto = structured == "json_schema" and self.cfg.structured_output is StructuredOutput.auto
             if not auto or not about_schema(exc):
                 raise
-        if not self._schema_rejected.is_set():
-            self._schema_rejected.set()
+        if not self.shapes.schema_rejected.is_set():
+            self.shapes.schema_rejected.set()
             log.warning("the server rejected a JSON schema (HTTP 400); asking without one from now on")
-        return *self._create(logical, tokens, sent), "off"
+        tier = {k: v for k, v in request.get("extra_body", {}).items() if k == "service_tier"}
+        return *self._create({**logical, "extra_body": tier} if tier else logical, tokens, tries), "off"
 
-    def _create(self, request: dict, tokens: int, sent: list[int]) -> tuple[Completion, float, float]:
+    def _create(self, request: dict, tokens: int, tries: Attempts) -> tuple[Completion, float, float]:
         """(completion, monotonic and wall-clock start) of one request, its body checked."""
         if self._stopped():
             raise Abandoned()
-        sent[0] += 1
+        tries.sent += 1
         if self._limiter:  # every attempt is a request: retries are paced too
             self._limiter.acquire(tokens)
         started, wall = time.monotonic(), time.time()
         try:
             body = self._transport.post(request)
         except Exception as exc:
+            if request.get("extra_body", {}).get("service_tier") == "flex" and flex_unavailable(exc):
+                tries.unavailable += 1  # no capacity now: not the endpoint's fault, asked again
             # before any reply, every call of the run would fail the same way: none is sent again
-            if self._watch.judge(exc, self.cfg, self._endpoint.get("base_url", ""), self._secret):
+            elif self._watch.judge(exc, self.cfg, self.shapes.endpoint.get("base_url", ""), self._secret):
                 self._transport.close()
             raise
         self._watch.answered.set()
@@ -347,6 +443,19 @@ def request_body(cfg: OptimizerConfig, messages: list[dict], max_output_tokens: 
     return request
 
 
+def request_timeout(cfg: OptimizerConfig) -> float:
+    """The longest one request may take: flex replies are slower (OpenAI suggests 900 s)."""
+    return cfg.flex_timeout_s if cfg.service_tier is ServiceTier.flex else cfg.timeout_s
+
+
+def flex_unavailable(exc: BaseException) -> bool:
+    """A flex request's 429 "resource unavailable": no capacity now, not billed, asked again."""
+    if not isinstance(exc, openai.APIStatusError) or exc.status_code != 429:
+        return False
+    text = f"{getattr(exc, 'code', None) or ''} {exc.message}".lower().replace("_", " ")
+    return "resource unavailable" in text
+
+
 def response_format_for(
     setting: StructuredOutput, schema: dict | None, schema_rejected: bool
 ) -> tuple[str, dict | None]:
@@ -371,11 +480,17 @@ def endpoint_of(cfg: OptimizerConfig, sdk: Any) -> dict:
     return endpoint
 
 
-def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: Mapping[str, str] | None = None) -> OptimizerClient:
-    """The one place a client is built from `optimizer.*`; the key comes from the environment."""
+def make_client(
+    cfg: OptimizerConfig,
+    launch_dir: Path,
+    environ: Mapping[str, str] | None = None,
+    gate: Callable[[str, bool], str | None] | None = None,
+) -> OptimizerClient:
+    """The one place a client is built from `optimizer.*`; the key comes from the environment.
+    `gate`: batch execution's rule for requests the cache does not answer (OptimizerClient)."""
     key = api_key(cfg, os.environ if environ is None else environ)
     # local servers usually ignore the key, but the SDK insists on one
-    common: dict[str, Any] = {"api_key": key or "not-needed", "timeout": cfg.timeout_s, "max_retries": 0}
+    common: dict[str, Any] = {"api_key": key or "not-needed", "timeout": request_timeout(cfg), "max_retries": 0}
     sdk: openai.AsyncOpenAI
     if cfg.provider is Provider.azure:
         sdk = openai.AsyncAzureOpenAI(
@@ -391,7 +506,7 @@ def make_client(cfg: OptimizerConfig, launch_dir: Path, environ: Mapping[str, st
     cache = None
     if cfg.cache is not CacheMode.off:
         cache = ResponseCache(LaunchDir(launch_dir).cache(cfg.cache_path), cfg.cache)
-    return OptimizerClient(cfg, sdk, cache, secret=key, endpoint=endpoint_of(cfg, sdk))
+    return OptimizerClient(cfg, sdk, cache, secret=key, endpoint=endpoint_of(cfg, sdk), gate=gate)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -453,15 +568,18 @@ def _sleep_s(state: RetryCallState) -> float:
     return state.next_action.sleep if state.next_action is not None else 0.0
 
 
-def say_retry(label: str, state: RetryCallState, attempts: int, secret: str) -> None:
+def say_retry(label: str, state: RetryCallState, attempts: int, secret: str, tries: Attempts | None = None) -> None:
     """One line per retry, so retries in progress are seen: which request, its next attempt, why."""
     exc = state.outcome.exception() if state.outcome else None
     hinted = retry_after_s(exc)
     wait = f"Retry-After {hinted:g} s" if hinted is not None else f"waiting {_sleep_s(state):.1f} s"
+    if tries is not None and tries.unavailable and exc is not None and flex_unavailable(exc):
+        log.info("%s: flex capacity unavailable (HTTP 429, not billed); asking again (%s)", label or "a request", wait)
+        return
     log.info(
         "%s: attempt %d/%d after %s (%s)",
         label or "a request",
-        state.attempt_number + 1,
+        (tries.faults if tries is not None else state.attempt_number) + 1,
         attempts,
         short_cause(exc, secret),
         wait,

@@ -9,6 +9,8 @@ the shape the stage needs:
   wrong type, is malformed (`MalformedReply`, retried like any transient fault);
 - content that is valid but empty (null, "" or absent) is a reply like any other (the stage
   asks again);
+- `service_tier` names the tier that served the reply (its price applies); anything but a short
+  word is taken as not said;
 - `usage` only feeds the token and cost counts, so a reply is not thrown away for it: a count
   that is missing or null is 0; one that is not a plausible count (a string, a list, negative,
   fractional, not finite, huge) also counts as 0, with a warning naming the field; a part larger
@@ -41,6 +43,7 @@ class Completion:
     text: str
     finish_reason: str | None
     usage: Usage
+    service_tier: str = ""  # the tier that served it, as the body names it ("" when it does not)
 
 
 def kind(value: object) -> str:
@@ -72,8 +75,18 @@ def read_completion(content: bytes, warn: Callable[[str, str], None]) -> Complet
     if finish_reason is not None and not isinstance(finish_reason, str):
         raise MalformedReply(f"choices[0].finish_reason is {kind(finish_reason)}")
     return Completion(
-        clean(text or ""), clean(finish_reason) if finish_reason else finish_reason, read_usage(body.get("usage"), warn)
+        clean(text or ""),
+        clean(finish_reason) if finish_reason else finish_reason,
+        read_usage(body.get("usage"), warn),
+        served_tier(body.get("service_tier")),
     )
+
+
+def served_tier(value: object) -> str:
+    """The body's `service_tier`: a short word, else "" (not said: the listed price applies)."""
+    if isinstance(value, str) and 0 < len(value) <= 40 and value.replace("_", "").replace("-", "").isalnum():
+        return value
+    return ""
 
 
 def whole_number(digits: str) -> int | float:

@@ -50,6 +50,9 @@ class Reply:
     started_at: float = 0.0  # epoch seconds
     cache_key: str = ""
     estimated: bool = False  # a dry run's estimate: no text, nothing was called
+    service_tier: str = ""  # the tier that served it, as the reply says ("batch" for a batch's line)
+    batch_id: str = ""  # the batch that answered it
+    flex_unavailable: int = 0  # flex 429s "resource unavailable" before it was answered (never billed)
 
 
 @dataclass
@@ -110,8 +113,9 @@ class DryRunEstimator(Optimizer):
 
     fault = ""  # nothing is called, so nothing can fail
 
-    def __init__(self, reply_tokens: int) -> None:
+    def __init__(self, reply_tokens: int, tier: str = "") -> None:
         self.reply_tokens = reply_tokens
+        self.tier = tier  # estimates are priced at the tier asked for
 
     def complete(
         self,
@@ -122,7 +126,7 @@ class DryRunEstimator(Optimizer):
         label: str = "",
     ) -> Reply:
         usage = Usage(prompt=estimate_tokens(messages), completion=self.reply_tokens)
-        return Reply(text="", finish_reason=None, usage=usage, latency_s=0.0, estimated=True)
+        return Reply(text="", finish_reason=None, usage=usage, latency_s=0.0, estimated=True, service_tier=self.tier)
 
     def forget(self, replies: list[Reply]) -> None:
         pass

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
 
 from reflact.calls.protocol import CallError, Optimizer, Reply
-from reflact.config import Price
+from reflact.config import BatchReasks, Execution, OptimizerConfig, Price, ServiceTier
 from reflact.modes import Mode
 from reflact.replies.parse import ParseError, extract_object
 from reflact.replies.patches import CheckedReply, ReplyError, check_reply
@@ -100,6 +100,23 @@ def worst_cost(messages: list[dict], allowance: int, price: Price | None) -> flo
     return (prompt * price.input + allowance * price.output) / 1e6
 
 
+def cap_price(o: OptimizerConfig) -> Price | None:
+    """The price a request's worst case is counted at: the dearest of the tiers that may serve it
+    (a batch's; the tier asked for live, and the listed one when flex may fall back to auto)."""
+    price = o.prices.get(o.model)
+    if price is None:
+        return None
+    live = [o.service_tier.value if o.service_tier not in (ServiceTier.auto, ServiceTier.default) else ""]
+    if o.service_tier is ServiceTier.flex and o.flex_fallback_after is not None:
+        live.append("")
+    batch = o.execution is Execution.batch
+    tiers = ["batch", *(live if o.batch_reasks is BatchReasks.live else [])] if batch else live
+    dearest = price.at(tiers[0])
+    for tier in tiers[1:]:
+        dearest = dearest.most(price.at(tier))
+    return dearest
+
+
 def capped_cost(cost: float, worst: float, what: str = "the optimizer's reply") -> float:
     """What a reply is recorded as costing: a server's usage can claim more than the request could
     have cost (more tokens than its prompt's bytes and output allowance); the worst case is then
@@ -149,13 +166,14 @@ class Asker:
     max_reasks: int
     allowance: int  # the first request's output-token allowance
     ceiling: int  # the largest allowance a cut-off reply is asked again with
-    price: Price | None
+    price: Price | None  # the listed price; a reply costs its tier's (Price.at)
     spend: Spend
     schemas: dict[str, dict]  # group -> the reply's JSON schema
     notes_allowed: dict[str, bool]  # group -> may the reply carry appendix_notes
     publish: Callable
     stopping: threading.Event  # set on Ctrl-C or SIGTERM: no new request starts
     provenance: bool = False  # items must name the trajectories they stand on (reflact.replies.provenance)
+    worst_price: Price | None = None  # what the cap counts a worst case at (cap_price); default `price`
 
     def ask(
         self,
@@ -231,7 +249,7 @@ class Asker:
         number, keep = numbered
         if self.stopping.is_set():
             return Asked("failed", tally, error="stopped: the run was interrupted before this request")
-        worst = worst_cost(conversation, allowance, self.price)
+        worst = worst_cost(conversation, allowance, self.worst_price or self.price)
         if not self.spend.reserve(worst, self.stopping):
             return Asked("not_run", tally, error="cost limit reached")
         try:
@@ -264,10 +282,11 @@ class Asker:
     def _count(self, reply: Reply, allowance: int, messages: int, tally: Tally, worst: float) -> float:
         """Adds the reply to the tally; returns what it cost now (never more than its `worst`)."""
         tally.usage.add(reply.usage)
+        price = self.price.at(reply.service_tier) if self.price is not None else None
         if reply.estimated:
-            tally.cost_usd += reply.usage.cost_usd(self.price)
-            return reply.usage.cost_usd(self.price)
-        worth = capped_cost(reply.usage.cost_usd(self.price), worst)
+            tally.cost_usd += reply.usage.cost_usd(price)
+            return reply.usage.cost_usd(price)
+        worth = capped_cost(reply.usage.cost_usd(price), worst)
         tally.cost_usd += worth
         cost = 0.0
         if reply.from_cache:
@@ -293,4 +312,7 @@ def call_record(reply: Reply, allowance: int, messages: int) -> dict:
         "retries": reply.retries,
         "usage": asdict(reply.usage),
         "messages": messages,
+        "service_tier": reply.service_tier,
+        **({"batch_id": reply.batch_id} if reply.batch_id else {}),
+        **({"flex_unavailable": reply.flex_unavailable} if reply.flex_unavailable else {}),
     }

@@ -61,7 +61,16 @@ class EndpointFailed:
     message: str  # why, and what to check
 
 
-Event = Planned | CallStarted | Replied | MinibatchEnded | EndpointFailed
+@dataclass(frozen=True)
+class BatchNoted:
+    """The run's batches (reflact.running.batch) as they stand: each one's id, status, request
+    counts, status times and usage (BatchState's notes). Published while the run waits for them."""
+
+    batches: list[dict]
+    step: int  # counted over the commands that waited for them (the metrics' step)
+
+
+Event = Planned | CallStarted | Replied | MinibatchEnded | EndpointFailed | BatchNoted
 Observer = Callable[[Event], None]
 
 

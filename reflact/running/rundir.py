@@ -13,6 +13,7 @@
     report.md                           the run readable without MLflow
     mlflow_run.json                     the MLflow run this dir is logged as
     traces.jsonl                        each request as MLflow traces it (what relog rebuilds them from)
+    batch/                              with optimizer.execution=batch: the batch's state and files (BatchFiles)
     .hydra/                             the resolved config (written once the inputs passed their checks)
 
 Every write is atomic (a temporary file, then a rename), so a run killed at any moment leaves
@@ -22,9 +23,11 @@ whole files, and the next run removes the temporaries.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -194,6 +197,9 @@ class RunDir:
         files = [(self / name, folder) for name, folder in names if (self / name).is_file()]
         return _own(self.root, files + [(path, "preview") for path in sorted(self.preview.glob("*"))])
 
+    def batch_files(self) -> BatchFiles:
+        return BatchFiles(self.root)
+
     def mlflow_record(self) -> dict:
         """The MLflow run this dir was logged as: run_id, tracking_uri, status, digest."""
         return _object(read_json(self / MLFLOW_RUN)) or {}
@@ -288,6 +294,9 @@ _REPLY_CHECKS = {  # each field of a Reply as a trace record holds it
     "started_at": lambda v: _seconds(v),
     "cache_key": lambda v: isinstance(v, str),
     "estimated": lambda v: isinstance(v, bool),
+    "service_tier": lambda v: isinstance(v, str),
+    "batch_id": lambda v: isinstance(v, str),
+    "flex_unavailable": lambda v: _count(v),
 }
 _REPLY_NEEDS = ("text", "finish_reason", "usage", "latency_s")
 
@@ -470,11 +479,50 @@ def fingerprint(cfg: ReflactConfig, messages: list[dict], draw: int = 0) -> str:
     return cache_key(shape)
 
 
+class BatchFiles:
+    """A run's or a sweep's batch folder (reflact.running.batch):
+
+    batch/state.json                    what went where: every input file, its batch, each request's state
+    batch/input_NNN.jsonl               the requests of one input file, as uploaded
+    batch/output_<batch id>.jsonl       a batch's output and error files, as downloaded
+    batch/errors_<batch id>.jsonl
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.folder = Path(root) / "batch"
+
+    @property
+    def state_path(self) -> Path:
+        return self.folder / "state.json"
+
+    def state(self) -> object | None:
+        """The state as saved (None when there is none; checked by its reader)."""
+        return read_json(self.state_path)
+
+    def write_state(self, state: dict) -> None:
+        # durable: a power cut must not forget a batch that was paid for
+        write_json(self.state_path, state, durable=True, indent=None)
+
+    def input_path(self, number: int) -> Path:
+        return self.folder / f"input_{number:03d}.jsonl"
+
+    def downloaded_path(self, batch_id: str, kind: str) -> Path:
+        """Where a batch's output (`output`) or error file (`errors`) is kept."""
+        safe = batch_id if re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", batch_id) and batch_id[0] != "." else None
+        named = safe or hashlib.sha256(batch_id.encode("utf-8")).hexdigest()[:32]
+        return self.folder / f"{kind}_{named}.jsonl"
+
+    def own_file(self, name: str) -> Path | None:
+        """A file of the folder by the name the state gives it; None for a name that is not one of its own."""
+        return self.folder / name if re.fullmatch(r"input_\d{3,}\.jsonl", name) else None
+
+
 class SweepDir:
     """A multirun's folder: its jobs' run dirs, plus
 
     mlflow_parent.json   the sweep's MLflow parent run
     sweep.json           the settings its jobs share (and those they sweep)
+    batch/               with optimizer.execution=batch: the batch of all its jobs (BatchFiles)
     failed_jobs/<n>.json each job of the latest multirun that failed: its number, overrides,
                          run dir and why (the multirun's end names them)
     report/              the grid report
@@ -484,6 +532,9 @@ class SweepDir:
         self.root = Path(root)
         self.report = self.root / "report"
         self._failed = self.root / "failed_jobs"
+
+    def batch_files(self) -> BatchFiles:
+        return BatchFiles(self.root)
 
     def parent_record(self) -> dict:
         """The sweep's parent run (run_id, tracking_uri, sweep_id), or {} when there is none or its

@@ -24,7 +24,7 @@ from reflact.prompting.messages import Prompt, PromptBuilder
 from reflact.prompting.plan import Minibatch, plan_minibatches, with_draws
 from reflact.prompting.prompts import SystemPrompts, overrides_of, resolve_system_prompts, text_or_file
 from reflact.replies.patches import merge_replies
-from reflact.running.ask import Asker, Spend
+from reflact.running.ask import Asker, Spend, cap_price
 from reflact.running.events import MinibatchEnded, Observer, Planned, Publisher
 from reflact.running.outcome import Outcome, Tally
 from reflact.running.progress import Progress
@@ -166,9 +166,10 @@ class Stage:
         pool.shutdown(wait=False, cancel_futures=True)
         self.asker.optimizer.close()
 
-    def prepare(self, mb: Minibatch) -> Ready | tuple[Outcome, dict | None]:
-        """The minibatch's prompt, written to its call dir; or its final (outcome, patch) when it
-        needs no call: nothing to show, or a saved patch made from the same prompt and settings."""
+    def prepare(self, mb: Minibatch, write: bool = True) -> Ready | tuple[Outcome, dict | None]:
+        """The minibatch's prompt, written to its call dir (unless `write` is false: a batch's look
+        ahead); or its final (outcome, patch) when it needs no call: nothing to show, or a saved
+        patch made from the same prompt and settings."""
         outcome = Outcome(tag=mb.tag, group=mb.group, index=mb.index, ids=mb.ids)
         shown = [r for r in mb.results if r.id not in self.dataset.skipped]
         outcome.skipped, outcome.analysed = len(mb.results) - len(shown), len(shown)
@@ -181,7 +182,8 @@ class Stage:
         saved = reused(self.run_dir, outcome, fp, self.mode.payload_key)
         if saved is not None:
             return outcome, saved
-        self.run_dir.write_prompt(mb.tag, prompt.parts)
+        if write:
+            self.run_dir.write_prompt(mb.tag, prompt.parts)
         return Ready(mb, outcome, prompt, fp)
 
     def _prompt(self, mb: Minibatch, shown: list) -> Prompt:
@@ -238,6 +240,7 @@ def make_asker(
         allowance=output_allowance(o, mode),
         ceiling=o.max_output_tokens_ceiling,
         price=o.prices.get(o.model),
+        worst_price=cap_price(o),
         spend=Spend(o.max_cost_usd),
         schemas=schemas,
         notes_allowed=system.notes_allowed,

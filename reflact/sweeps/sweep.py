@@ -45,9 +45,15 @@ class MlflowSweep(Callback):
         fixed, swept = sweep_settings(config)
         check_identity(SweepDir(sweep_dir), fixed, swept)
         SweepDir(sweep_dir).clear_failed_jobs()
+        batching = _batching(config, sweep_dir, launch_dir)
+        if batching is not None:  # over the cap, no Batch API: one line, nothing uploaded, no parent run
+            batching.check()
+            batching.first()
         if config.mlflow.enabled:
             self._start_parent(config, sweep_dir, launch_dir, fixed, swept)
         self._started = True
+        if batching is not None:
+            self._batch(batching)
 
     def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
         """Runs where the job ran (in a launcher's worker too). A job that failed as a run or on a
@@ -116,6 +122,32 @@ class MlflowSweep(Callback):
         self._open = (store, sweep)
         atexit.register(self._end_if_open)  # a sweep that aborts (a failed job, Ctrl-C) still ends its parent
 
+    def _batch(self, batching) -> None:
+        """Sends the sweep's batch and waits for it (the parent RUNNING, showing it); when it is left
+        to run, the parent is SCHEDULED, the one command that goes on is said, and no job runs."""
+        from reflact.tracking.store import batch_view, end_run
+
+        def shown(batches: list[dict], step: int) -> None:  # on the parent: its tags and metrics
+            if self._open is not None:
+                tags, metrics = batch_view(batches)
+                self._open[0].log_metrics([(k, v, step) for k, v in metrics.items()], now_ms(), tags)
+
+        try:
+            stop = batching.finish(shown)
+        except KeyboardInterrupt:
+            if self._open is not None:
+                self._end("KILLED")
+            raise
+        finally:
+            batching.close()
+        if stop is None:
+            return
+        if self._open is not None:
+            end_run(self._open[0], "SCHEDULED", now_ms())
+            self._open = None  # left SCHEDULED: never ended at exit
+        print(f"reflact: {stop.message}", file=sys.stderr)
+        raise SystemExit(1 if stop.fault else 0)
+
     def _end_if_open(self) -> None:
         if self._open is not None:
             from reflact.sweeps.jobs import sweep_jobs
@@ -148,6 +180,13 @@ def open_parent(store, sweep: SweepDir, launch_dir: Path, name: str, params: dic
     sweep.write_parent_record({"run_id": store.run_id, "tracking_uri": store.uri, "sweep_id": sid})
     store.log_params(params)
     log.info("MLflow parent run %s for sweep %s", store.run_id, sid)
+
+
+def _batching(config: DictConfig, sweep_dir: Path, launch_dir: Path):
+    """The sweep's batch (reflact.sweeps.batch), when a job runs with optimizer.execution=batch."""
+    from reflact.sweeps.batch import sweep_batching
+
+    return sweep_batching(config, sweep_dir, launch_dir)
 
 
 def listed(swept: dict[str, list[str]]) -> dict[str, str]:

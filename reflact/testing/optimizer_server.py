@@ -15,6 +15,11 @@ A request that carries a `seed` (reflact sends one with optimizer.samples > 1) i
 sampling model: the same minibatch gets partly different items for different seeds, and all of
 it is a function of the minibatch's ids and the seed (see `seeded_items`). With the provenance
 instruction in the system prompt every item names the trajectories it stands on.
+
+It also serves the Batch API (`/v1/files`, `/v1/batches`: reflact.testing.batch_server), with
+settings for its faults (`OptimizerServer(batches=BatchSettings(...))`, `--batch-delay`), answers a
+flex request's first `flex_busy` tries with 429 "resource unavailable", names the tier that served
+each reply, and counts what was sent at `GET /stats`.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from reflact.testing.batch_server import BatchService, BatchSettings, digest
 
 
 @dataclass
@@ -264,38 +271,59 @@ class _Server(ThreadingHTTPServer):
     owner: OptimizerServer
 
 
+NOT_FOUND = Response(status=404, body={"error": {"message": "Not Found"}})  # like many servers
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def log_message(self, *args) -> None:  # keep test output clean
         pass
 
-    def do_GET(self) -> None:  # GET /stats: how many chat requests so far (manual checks)
-        data = json.dumps({"requests": self.server.owner.count}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    def do_GET(self) -> None:
+        """/stats: what was sent (chat requests, batch lines, requests sent twice); the Batch API's reads."""
+        owner, path = self.server.owner, self.path.split("?")[0].rstrip("/")
+        if path.endswith("/stats"):
+            self._reply(Response(body=owner.batches.stats(owner.count)))
+        elif not owner.batches.settings.enabled:
+            self._reply(NOT_FOUND)
+        elif path.endswith("/content") and "/files/" in path:
+            status, data = owner.batches.files.content(path.split("/files/")[1].split("/")[0])
+            self._reply(Response(status=status, body=data))
+        elif path.endswith("/batches"):
+            self._reply(Response(body=owner.batches.listed()))
+        elif "/batches/" in path:
+            self._reply(Response(*owner.batches.retrieve(path.rsplit("/", 1)[1])))
+        else:
+            self._reply(NOT_FOUND)
 
     def do_POST(self) -> None:
-        owner = self.server.owner
+        owner, path = self.server.owner, self.path.split("?")[0].rstrip("/")
         length = int(self.headers.get("Content-Length", 0))
-        request = json.loads(self.rfile.read(length) or b"{}")
+        raw = self.rfile.read(length)
+        if path.endswith(("/files", "/batches", "/cancel")):
+            self._batch_api(path, raw)
+            return
+        request = json.loads(raw or b"{}")
         number = owner.record(request, self.headers.get("Authorization"))
-        chat_only = Response(status=404, body={"error": {"message": "Not Found"}})  # like many servers
-        embeddings = self.path.rstrip("/").endswith("/embeddings")
-        response = (
-            (owner.script(request, number) if owner.script else None)
-            or (chat_only if embeddings else None)
-            or Response(body=judge_reply(request) or chat_body(json.dumps(default_reply(request, owner.reword))))
-        )
+        response = NOT_FOUND if path.endswith("/embeddings") and not owner.script else owner.answer(request, number)
         if response.delay_s:
             time.sleep(response.delay_s)
         try:
             self._reply(response)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (a timeout test)
+
+    def _batch_api(self, path: str, raw: bytes) -> None:
+        batches = self.server.owner.batches
+        if not batches.settings.enabled:
+            self._reply(NOT_FOUND)
+        elif path.endswith("/files"):
+            self._reply(Response(*batches.files.upload(self.headers.get("Content-Type", ""), raw)))
+        elif path.endswith("/cancel"):
+            self._reply(Response(*batches.cancel(path.rsplit("/", 2)[1])))
+        else:
+            self._reply(Response(*batches.create(json.loads(raw or b"{}"))))
 
     def _reply(self, response: Response) -> None:
         data = response_bytes(response.body)
@@ -322,9 +350,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class OptimizerServer:
-    def __init__(self, script=None, port: int = 0, reword: bool = False) -> None:
+    def __init__(self, script=None, port: int = 0, reword: bool = False, batches: BatchSettings | None = None) -> None:
         self.script = script
         self.reword = reword  # seeded draws word the same rules differently (seeded_items)
+        # the Batch API (reflact.testing.batch_server): its settings, files and batches
+        self.batches = BatchService(self.answer, batches or BatchSettings())
+        self._busy: dict[str, int] = {}  # flex 429s answered, by request
         self.requests: list[dict] = []
         self.authorizations: list[str | None] = []  # each request's Authorization header, in order
         self._lock = threading.Lock()
@@ -341,6 +372,29 @@ class OptimizerServer:
             self.requests.append(request)
             self.authorizations.append(authorization)
             return len(self.requests)
+
+    def answer(self, request: dict, number: int) -> Response:
+        """A chat request's answer: the script's, else the judge's or the default reply; a flex
+        request gets `batches.flex_busy` 429s "resource unavailable" first. A completion names the
+        tier that served it (`service_tier`)."""
+        tier = request.get("service_tier") or "default"
+        if tier == "flex" and self._flex_busy(request):
+            error = {"message": "Resource unavailable: try again later", "code": "resource_unavailable"}
+            return Response(status=429, body={"error": {**error, "type": "server_error"}})
+        with self._lock:  # what /stats counts as sent: each request answered, a chat request or a batch's line
+            self.batches.sent[digest(request)] += 1
+        response = (self.script(request, number) if self.script else None) or Response(
+            body=judge_reply(request) or chat_body(json.dumps(default_reply(request, self.reword)))
+        )
+        if isinstance(response.body, dict) and "choices" in response.body:
+            response.body.setdefault("service_tier", tier)
+        return response
+
+    def _flex_busy(self, request: dict) -> bool:
+        with self._lock:
+            seen = self._busy.get(digest(request), 0)
+            self._busy[digest(request)] = seen + 1
+            return seen < self.batches.settings.flex_busy
 
     @property
     def base_url(self) -> str:
@@ -369,9 +423,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds to wait before each reply (default: 0)")
+    parser.add_argument(
+        "--batch-delay", type=float, default=0.0, help="seconds a batch takes once created (default: 0)"
+    )
     args = parser.parse_args(argv)
-    if args.latency < 0 or not 0 <= args.port <= 65535:
-        parser.error("--latency must be >= 0 and --port within 0..65535")
+    if args.latency < 0 or args.batch_delay < 0 or not 0 <= args.port <= 65535:
+        parser.error("--latency and --batch-delay must be >= 0 and --port within 0..65535")
     return args
 
 
@@ -383,7 +440,7 @@ def main(argv: list[str] | None = None) -> None:
         return Response(body=chat_body(json.dumps(default_reply(request))), delay_s=args.latency)
 
     try:
-        server = OptimizerServer(script, port=args.port)
+        server = OptimizerServer(script, port=args.port, batches=BatchSettings(delay_s=args.batch_delay))
     except OSError as error:  # the port is taken
         print(f"optimizer_server: error: cannot listen on 127.0.0.1:{args.port}: {error.strerror}", file=sys.stderr)
         raise SystemExit(2) from None

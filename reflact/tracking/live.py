@@ -24,7 +24,7 @@ import subprocess
 import threading
 import time
 
-from reflact.running.events import CallStarted, MinibatchEnded, Replied
+from reflact.running.events import BatchNoted, CallStarted, MinibatchEnded, Replied
 from reflact.running.rundir import append_trace, trace_record
 from reflact.tracking import process
 from reflact.tracking.process import End, Opening, RunContext, SpareTracker, Start
@@ -75,7 +75,7 @@ class LiveRun:
             with self._lock:  # the run dir's record of the trace first: relog rebuilds it from there
                 append_trace(self.context.run_dir, trace_record(event))
         self._tracker.outbox.put(event)
-        if isinstance(event, CallStarted) and not self._tracker.started:
+        if isinstance(event, (CallStarted, BatchNoted)) and not self._tracker.started:  # a batch: RUNNING as it waits
             self._tracker.start(FIRST_REQUESTS_S)
 
     def finish(self, summary: dict | None, status: str) -> str | None:

@@ -18,7 +18,7 @@ from reflact.groups import GROUPS
 from reflact.imports import one_at_a_time
 from reflact.inputs.dataset import Dataset
 from reflact.prompting.prompts import SystemPrompts, content_hash, overrides_of
-from reflact.running.events import MinibatchEnded, Planned
+from reflact.running.events import BatchNoted, MinibatchEnded, Planned
 from reflact.running.outcome import Outcome
 from reflact.running.rundir import SweepDir
 from reflact.running.summary import dataset_counts
@@ -28,11 +28,14 @@ from reflact.tracking.store import (
     METRICS_PER_WRITE,
     Store,
     analysis_metrics,
+    batch_view,
     context_tags,
     dataset_digest,
+    end_run,
     minibatch_metrics,
     now_ms,
     prompt_name,
+    resume,
     run_name,
     setting_metrics,
     sweep_id,
@@ -109,6 +112,44 @@ class Batch:
         return ", ".join(filter(None, parts)) or "the run's status"
 
 
+@dataclass
+class Batches:
+    """The run's batches (reflact.running.batch) as its MLflow run shows them: their ids as the tag
+    `reflact.batches`, each one's status and counts as it waits (`batch_view`); a sweep's job names
+    the batches that answered its calls."""
+
+    ids: set[str] = field(default_factory=set)
+
+    def noted(self, event: BatchNoted) -> Batch:
+        self.ids.update(str(note["id"]) for note in event.batches if note.get("id"))
+        tags, metrics = batch_view(event.batches)
+        return Batch([(key, value, event.step) for key, value in metrics.items()], tags={**tags, **self._tag()})
+
+    def used(self, outcome: Outcome) -> dict[str, str]:
+        """The tag again when the minibatch's calls name a batch not named yet."""
+        found = {str(call["batch_id"]) for call in outcome.call_log if call.get("batch_id")}
+        if found <= self.ids:
+            return {}
+        self.ids |= found
+        return self._tag()
+
+    def _tag(self) -> dict[str, str]:
+        return {"reflact.batches": ",".join(sorted(self.ids))} if self.ids else {}
+
+
+def scheduled_run(store: Store, c: RunContext) -> str:
+    """The MLflow run of this run dir its batch left SCHEDULED in this store, when it still is ("" if none)."""
+    record = c.run_dir.mlflow_record()
+    if record.get("status") != "SCHEDULED" or record.get("tracking_uri") != store.uri:
+        return ""
+    try:
+        run = store.client.get_run(str(record.get("run_id")))
+    except Exception:  # deleted meanwhile, or not of this store: a new run is made
+        return ""
+    scheduled = run.info.status == "SCHEDULED" and run.info.lifecycle_stage == "active"
+    return run.info.run_id if scheduled else ""
+
+
 class Mirror:
     def __init__(self, store: Store, context: RunContext) -> None:
         self.store = store
@@ -116,14 +157,22 @@ class Mirror:
         self.positions: dict[str, int] = {}
         self.totals = Totals(priced=priced(context.cfg))
         self._ending: Batch | None = None  # the end's write, once made (what a failed try left of it)
+        self.batches = Batches()
 
     def open(self) -> str:
-        """Creates the run (replacing any earlier one of the run dir), RUNNING since the run's start."""
+        """Creates the run (replacing any earlier one of the run dir), RUNNING since the run's start;
+        one its batch left SCHEDULED is taken up again instead (its params kept, new ones added)."""
         c = self.context
-        self.store.retire(c.run_dir.root)
-        run_id = self.store.create(run_name(c.cfg, c.job), self._tags(), int(c.started_at * 1000))
+        left = scheduled_run(self.store, c)
+        self.store.retire(c.run_dir.root, keep=left)
         hashes = c.template_hashes or (c.system.hashes() if c.system is not None else {})
-        self.store.log_params({**c.params, **{f"template_hash.{group}": h for group, h in hashes.items()}})
+        params = {**c.params, **{f"template_hash.{group}": h for group, h in hashes.items()}}
+        if left:
+            held = resume(self.store, left)
+            self.store.log_params({key: value for key, value in params.items() if key not in held})
+            return left
+        run_id = self.store.create(run_name(c.cfg, c.job), self._tags(), int(c.started_at * 1000))
+        self.store.log_params(params)
         self.store.log_metrics([(k, float(v), 0) for k, v in setting_metrics(c.cfg).items()], now_ms())
         if c.dataset is not None:
             log_dataset(self.store, c, c.dataset)
@@ -147,6 +196,9 @@ class Mirror:
             elif isinstance(event, MinibatchEnded):
                 batch.rows += self._ended(event.outcome)
                 batch.files += self.context.run_dir.minibatch_files(event.outcome.tag, event.patch is not None)
+                batch.tags.update(self.batches.used(event.outcome))
+            elif isinstance(event, BatchNoted):
+                batch.extend(self.batches.noted(event))
         if any(isinstance(e, MinibatchEnded) for e in events):
             totals = total_metrics(self.totals.counts(), self.context.cfg.optimizer.dry_run)
             batch.rows += [(key, value, self.totals.ended) for key, value in totals.items()]
@@ -177,7 +229,7 @@ class Mirror:
         self.log(self._ending)
         if self.context.cfg.mlflow.trace_calls:
             _flush_traces()
-        self.store.end(status, end_ms or now_ms())
+        end_run(self.store, status, end_ms or now_ms())
 
     def abandon(self, status: str, end_ms: int, why: str) -> None:
         """The end's last try when its writes keep failing: the run's true status, and a tag saying
@@ -185,7 +237,7 @@ class Mirror:
         missing = self._ending.missing() if self._ending is not None else "its end"
         relog = f"python -m reflact.relog {self.context.run_dir.root}"
         self.store.client.set_tag(self.store.run_id, MISSING_TAG, f"{missing} not written ({why}); {relog}")
-        self.store.end(status, end_ms)
+        end_run(self.store, status, end_ms)
 
     def _end_batch(self, summary: dict | None) -> Batch:
         """The end's own metrics, files and tags: the run's counts and files when it got as far as its

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -185,11 +186,11 @@ class Store:
         # traces went through MLflow's tracer, whose failed exports it only logs: to be checked
         self.tracer_used = False
 
-    def retire(self, run_dir: Path) -> None:
-        """Ends and deletes every active run logged for `run_dir` before (a rerun replaces its run,
-        whatever moment the earlier process died at): one run dir, one active MLflow run."""
+    def retire(self, run_dir: Path, keep: str = "") -> None:
+        """Ends and deletes every active run logged for `run_dir` before but `keep` (a rerun replaces its
+        run, whatever moment the earlier process died at): one run dir, one active MLflow run."""
         runs, _ = runs_tagged(self.client, [self.experiment_id], "reflact.run_dir", str(run_dir))
-        for run in runs:
+        for run in (run for run in runs if run.info.run_id != keep):
             if run.info.status == "RUNNING":
                 self.client.set_terminated(run.info.run_id, "KILLED")
             self.client.delete_run(run.info.run_id)
@@ -310,6 +311,44 @@ class Store:
 
     def end(self, status: str, end_ms: int) -> None:
         self.client.set_terminated(self.run_id, status, end_time=end_ms)
+
+
+def end_run(store: Store, status: str, end_ms: int) -> None:
+    """Ends the run with `status`; one SCHEDULED (its batch left to run: reflact.running.batch) has
+    no end yet, and is taken up again by the command that goes on (`resume`)."""
+    if status == "SCHEDULED":
+        store.client.update_run(store.run_id, status="SCHEDULED")
+    else:
+        store.end(status, end_ms)
+
+
+def resume(store: Store, run_id: str) -> set[str]:
+    """Takes up a run left SCHEDULED, RUNNING again; returns the names of the params it holds."""
+    run = store.client.get_run(run_id)
+    store.run_id = run_id
+    store._artifact_dir = _local_dir(run.info.artifact_uri)
+    store.client.update_run(run_id, status="RUNNING")
+    return set(run.data.params)
+
+
+def batch_view(notes: list[dict]) -> tuple[dict[str, str], dict[str, float]]:
+    """A run's batches as MLflow shows them: their ids (a tag), each one's status, times, counts and
+    usage (a tag each), and the request counts and tokens over them (metrics)."""
+    ids = [str(note["id"]) for note in notes if note.get("id")]
+    tags = {"reflact.batches": ",".join(ids)} if ids else {}
+    metrics = {"batch_requests_total": 0.0, "batch_requests_completed": 0.0, "batch_requests_failed": 0.0}
+    for note in notes:
+        if not note.get("id"):
+            continue
+        key = re.sub(r"[^A-Za-z0-9_.-]", "_", str(note["id"]))[:200]
+        shown = {"status": note.get("status"), **note.get("counts", {}), **note.get("times", {})}
+        tags[f"reflact.batch.{key}"] = json.dumps({**shown, "usage": note.get("usage", {})})[:5000]
+        for name in ("total", "completed", "failed"):
+            metrics[f"batch_requests_{name}"] += float(note.get("counts", {}).get(name, 0))
+        for name, value in note.get("usage", {}).items():
+            if name in ("input_tokens", "output_tokens", "total_tokens"):
+                metrics[f"batch_{name}"] = metrics.get(f"batch_{name}", 0.0) + float(value)
+    return tags, metrics
 
 
 def traced_requests(store: Store) -> set[tuple[str, str]]:
@@ -438,6 +477,9 @@ def _reply_attributes(event) -> dict:
         "finish_reason": reply.finish_reason or "",
         "structured_output": reply.structured,
         "cost_usd": event.cost_usd,
+        **({"service_tier": reply.service_tier} if reply.service_tier else {}),
+        **({"batch_id": reply.batch_id} if reply.batch_id else {}),
+        **({"flex_unavailable": reply.flex_unavailable} if reply.flex_unavailable else {}),
     }
 
 
