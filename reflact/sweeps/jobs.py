@@ -18,7 +18,6 @@ from reflact.tracking.store import analysis_metrics, total_metrics
 ENDED = ("FINISHED", "FAILED", "KILLED")  # an MLflow run's end statuses, as a job dir records them
 # on a parent some of whose jobs MLflow lacks: how many, and the command that writes them
 NEEDS_RELOG_TAG = "reflact.needs_relog"
-NOTE_TAG = "mlflow.note.content"  # the run's description in MLflow's UI
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,14 @@ from reflact.config import priced
 from reflact.groups import GROUPS
 from reflact.imports import one_at_a_time
 from reflact.inputs.dataset import Dataset
+from reflact.modes import get_mode
 from reflact.prompting.prompts import SystemPrompts, content_hash, overrides_of
 from reflact.running.events import BatchNoted, MinibatchEnded, Planned
 from reflact.running.outcome import Outcome
 from reflact.running.rundir import SweepDir
 from reflact.running.summary import dataset_counts
 from reflact.text import one_line
+from reflact.tracking.description import Setting, note_tags, run_description
 from reflact.tracking.process import RunContext
 from reflact.tracking.store import (
     METRICS_PER_WRITE,
@@ -158,6 +160,11 @@ class Mirror:
         self.totals = Totals(priced=priced(context.cfg))
         self._ending: Batch | None = None  # the end's write, once made (what a failed try left of it)
         self.batches = Batches()
+        self.summary_counts: dict | None = None  # summary.json's counts, once the end is written
+        r, o = context.cfg.reflect, context.cfg.optimizer
+        self.setting = Setting(
+            get_mode(r.update_mode).short, r.minibatch_size, r.edit_budget, r.seed, o.model, o.dry_run
+        )
 
     def open(self) -> str:
         """Creates the run (replacing any earlier one of the run dir), RUNNING since the run's start;
@@ -224,6 +231,7 @@ class Mirror:
         only what is left."""
         if self._ending is None:
             self._ending = self._end_batch(summary)
+            self.summary_counts = summary["counts"] if summary is not None else None
         if last is not None:
             self._ending.extend(last.take())
         self.log(self._ending)
@@ -236,21 +244,25 @@ class Mirror:
         what it lacks and which command writes it, so that it is never left RUNNING for good."""
         missing = self._ending.missing() if self._ending is not None else "its end"
         relog = f"python -m reflact.relog {self.context.run_dir.root}"
-        self.store.client.set_tag(self.store.run_id, MISSING_TAG, f"{missing} not written ({why}); {relog}")
+        lacking = f"{missing} not written ({why}); {relog}"
+        counts = self.summary_counts or self.totals.counts()
+        tags = {MISSING_TAG: lacking, **note_tags(run_description(self.setting, counts, lacking))}
+        self.store.log_metrics([], now_ms(), tags)
         end_run(self.store, status, end_ms)
 
     def _end_batch(self, summary: dict | None) -> Batch:
         """The end's own metrics, files and tags: the run's counts and files when it got as far as its
         summary, and the kept-items table's tag."""
-        if summary is None:
-            return Batch()
+        if summary is None:  # stopped before its summary: the totals so far
+            return Batch(tags=note_tags(run_description(self.setting, self.totals.counts())))
         dry_run = self.context.cfg.optimizer.dry_run
         rows = [(k, v, self.totals.ended) for k, v in total_metrics(summary["counts"], dry_run).items()]
         for record in summary["minibatches"]:
             step = self.positions.get(record["tag"], 0)
             rows += [(k, v, step) for k, v in minibatch_metrics(record).items() if k == "minibatch/apply_share"]
         rows += self._analysis_rows()
-        return Batch(rows, self.context.run_dir.run_files(), tables=self._kept_items_table())
+        tags = note_tags(run_description(self.setting, summary["counts"]))
+        return Batch(rows, self.context.run_dir.run_files(), tags, self._kept_items_table())
 
     def _analysis_rows(self) -> list[tuple[str, float, int]]:
         """The run's analysis.json as metrics: run figures, and each minibatch's agreement over its
@@ -274,6 +286,7 @@ class Mirror:
     def _tags(self) -> dict[str, str]:
         c = self.context
         tags = context_tags(c.cfg, c.run_dir.root, c.launch_dir, list(c.overrides))
+        tags.update(note_tags(run_description(self.setting, None)))  # its setting, until its end says more
         if c.sweep_dir is not None:
             tags["reflact.sweep_id"] = sweep_id(c.sweep_dir, c.launch_dir)
             tags["reflact.job"] = str(c.job)
