@@ -523,6 +523,9 @@ def mlflow_defaults() -> None:
     # traces are written on reflact's own tracker thread already; MLflow's async queue would add
     # its own thread, polled once a second, that the end of every run had to wait for
     os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
+    # ending a run on a tracking server prints "View run ... at" and "View experiment at" (after
+    # one more request for the run): reflact's output is its own lines, and it names the run itself
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 
 @contextlib.contextmanager

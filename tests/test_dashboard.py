@@ -1,0 +1,64 @@
+"""What a researcher sees of a sweep logged to a tracking server: reflact's own lines on the
+terminal, and MLflow's UI opening on outcomes (read through the REST API the UI itself reads).
+
+One small sweep (M=2, L=1,2 on a 4-run dataset) against a loopback `mlflow server`, shared by
+the tests here: slow (the server's start and the sweep take ~15 s on a busy machine).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from reflact.testing.optimizer_server import OptimizerServer
+from tests.conftest import ok, run_cli, start_mlflow_server, stop, write_dataset
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def served_sweep(tmp_path_factory, migrated_store):
+    root = tmp_path_factory.mktemp("dashboard")
+    data = write_dataset(root / "data", n_fail=2, n_succ=2)
+    launch = root / "launch"
+    launch.mkdir()
+    proc, url = start_mlflow_server(root, migrated_store)
+    try:
+        with OptimizerServer() as server:
+            run = run_cli("-m", "name=dash", f"data.dir={data}", f"optimizer.base_url={server.base_url}",
+                          "optimizer.model=test", "reflect.minibatch_size=2", "reflect.edit_budget=1,2",
+                          f"mlflow.tracking_uri={url}", cwd=launch, timeout=300)
+        ok(run)
+        runs = rest(url, "runs/search", {"experiment_ids": [experiment_id(url)], "max_results": 100})["runs"]
+        yield {"run": run, "runs": runs, "url": url, "sweep_dir": launch / "outputs" / "sweeps" / "dash"}
+    finally:
+        stop(proc)
+
+
+def rest(url: str, endpoint: str, body: dict) -> dict:
+    """One call of MLflow's REST API, as the UI makes it."""
+    request = urllib.request.Request(f"{url}/api/2.0/mlflow/{endpoint}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)
+
+
+def experiment_id(url: str) -> str:
+    found = rest(url, "experiments/search", {"max_results": 100, "filter": "name = 'reflact'"})["experiments"]
+    return found[0]["experiment_id"]
+
+
+def test_a_sweep_against_a_tracking_server_prints_only_reflacts_lines(served_sweep):
+    """MLflow prints "View run ... at" and "View experiment at" when a run on a server ends: neither
+    the sweep's parent (ended in the launching process, on stdout) nor its jobs (ended by their
+    tracker process) may put them in reflact's output."""
+    run = served_sweep["run"]
+    for stream in (run.stdout, run.stderr):
+        assert "View run" not in stream and "View experiment" not in stream, stream[-3000:]
+    # what is left on stdout is Hydra's launch lines and reflact's own (the parent run it opened)
+    assert all("[HYDRA]" in line for line in run.stdout.splitlines()), run.stdout
+    parent = json.loads((served_sweep["sweep_dir"] / "mlflow_parent.json").read_text())
+    assert f"MLflow parent run {parent['run_id']} for sweep" in run.stdout
+    assert len(served_sweep["runs"]) == 3  # the parent and its two jobs did end, on the server
