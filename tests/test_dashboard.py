@@ -62,3 +62,29 @@ def test_a_sweep_against_a_tracking_server_prints_only_reflacts_lines(served_swe
     parent = json.loads((served_sweep["sweep_dir"] / "mlflow_parent.json").read_text())
     assert f"MLflow parent run {parent['run_id']} for sweep" in run.stdout
     assert len(served_sweep["runs"]) == 3  # the parent and its two jobs did end, on the server
+
+
+def test_the_compare_view_opens_on_edits_kept_not_on_a_setting(served_sweep):
+    """MLflow 3.17's compare view opens on its parallel coordinates plot, whose one metric is the
+    first the compared runs share in the order the REST API lists the first run's metrics (lodash's
+    intersection of each run's keys), plotted against the params that differ: the jobs list
+    edits_kept first, ahead of M, L, seed and mode; the sweep's parent its mean."""
+    runs = served_sweep["runs"]
+    jobs = [r for r in runs if tag(r, "reflact.sweep_parent") != "true"]
+    [parent] = [r for r in runs if tag(r, "reflact.sweep_parent") == "true"]
+    listed = [[m["key"] for m in r["data"]["metrics"]] for r in jobs]
+    assert all(keys[0] == "edits_kept" for keys in listed), [keys[:6] for keys in listed]
+    shared = [key for key in listed[0] if all(key in keys for keys in listed[1:])]
+    assert shared[0] == "edits_kept" and {"M", "L"} <= set(shared)
+    assert parent["data"]["metrics"][0]["key"] == "edits_kept_mean"
+    # the value it opens on is the run's outcome, not the 0 logged as the run opened
+    kept = {int(metric(r, "L")): metric(r, "edits_kept") for r in jobs}
+    assert kept == {1: 2.0, 2: 4.0}  # L of the L + 2 the stand-in proposes, in each of 2 minibatches
+
+
+def tag(run: dict, key: str) -> str | None:
+    return next((t["value"] for t in run["data"].get("tags", []) if t["key"] == key), None)
+
+
+def metric(run: dict, key: str) -> float:
+    return next(m["value"] for m in run["data"]["metrics"] if m["key"] == key)

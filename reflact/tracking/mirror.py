@@ -28,6 +28,7 @@ from reflact.tracking.description import Setting, note_tags, run_description
 from reflact.tracking.process import RunContext
 from reflact.tracking.store import (
     METRICS_PER_WRITE,
+    OPENING_METRIC,
     Store,
     analysis_metrics,
     batch_view,
@@ -180,7 +181,8 @@ class Mirror:
             return left
         run_id = self.store.create(run_name(c.cfg, c.job), self._tags(), int(c.started_at * 1000))
         self.store.log_params(params)
-        self.store.log_metrics([(k, float(v), 0) for k, v in setting_metrics(c.cfg).items()], now_ms())
+        opening = [(OPENING_METRIC, 0.0, 0)]  # first: the compare view opens on it, not on M
+        self.store.log_metrics(opening + [(k, float(v), 0) for k, v in setting_metrics(c.cfg).items()], now_ms())
         if c.dataset is not None:
             log_dataset(self.store, c, c.dataset)
         if c.system is not None:

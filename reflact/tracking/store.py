@@ -48,6 +48,10 @@ ANALYSIS_METRICS = (
     "analysis_tokens",
     "analysis_cost_usd",
 )
+# the outcome a run's compare view opens on, logged (0 before any minibatch) ahead of the settings:
+# MLflow's compare view opens its parallel coordinates plot on the first metric its runs share, in
+# the order the store returns them (the order they were first logged), against the params that differ
+OPENING_METRIC = "edits_kept"
 METRICS_PER_WRITE = 1000  # the most metrics MLflow takes in one request
 TRACE_BATCH = 100  # traces per write: the most MLflow links to a run in one request
 PAGE = 1000  # runs per search request
