@@ -13,7 +13,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from reflact.config import priced
+from reflact.config import OptimizerConfig, ReflectConfig, priced
 from reflact.groups import GROUPS
 from reflact.imports import one_at_a_time
 from reflact.inputs.dataset import Dataset
@@ -21,7 +21,7 @@ from reflact.modes import get_mode
 from reflact.prompting.prompts import SystemPrompts, content_hash, overrides_of
 from reflact.running.events import BatchNoted, MinibatchEnded, Planned
 from reflact.running.outcome import Outcome
-from reflact.running.rundir import SweepDir
+from reflact.running.rundir import RunDir, SweepDir
 from reflact.running.summary import dataset_counts
 from reflact.text import one_line
 from reflact.tracking.description import Setting, note_tags, run_description
@@ -161,11 +161,7 @@ class Mirror:
         self.totals = Totals(priced=priced(context.cfg))
         self._ending: Batch | None = None  # the end's write, once made (what a failed try left of it)
         self.batches = Batches()
-        self.summary_counts: dict | None = None  # summary.json's counts, once the end is written
-        r, o = context.cfg.reflect, context.cfg.optimizer
-        self.setting = Setting(
-            get_mode(r.update_mode).short, r.minibatch_size, r.edit_budget, r.seed, o.model, o.dry_run
-        )
+        self.setting = run_setting(context.cfg.reflect, context.cfg.optimizer)  # what its description names
 
     def open(self) -> str:
         """Creates the run (replacing any earlier one of the run dir), RUNNING since the run's start;
@@ -233,7 +229,6 @@ class Mirror:
         only what is left."""
         if self._ending is None:
             self._ending = self._end_batch(summary)
-            self.summary_counts = summary["counts"] if summary is not None else None
         if last is not None:
             self._ending.extend(last.take())
         self.log(self._ending)
@@ -247,9 +242,8 @@ class Mirror:
         missing = self._ending.missing() if self._ending is not None else "its end"
         relog = f"python -m reflact.relog {self.context.run_dir.root}"
         lacking = f"{missing} not written ({why}); {relog}"
-        counts = self.summary_counts or self.totals.counts()
-        tags = {MISSING_TAG: lacking, **note_tags(run_description(self.setting, counts, lacking))}
-        self.store.log_metrics([], now_ms(), tags)
+        described = note_tags(run_description(self.setting, self.totals.counts(), lacking))
+        self.store.log_metrics([], now_ms(), {MISSING_TAG: lacking, **described})
         end_run(self.store, status, end_ms)
 
     def _end_batch(self, summary: dict | None) -> Batch:
@@ -264,7 +258,7 @@ class Mirror:
             rows += [(k, v, step) for k, v in minibatch_metrics(record).items() if k == "minibatch/apply_share"]
         rows += self._analysis_rows()
         tags = note_tags(run_description(self.setting, summary["counts"]))
-        return Batch(rows, self.context.run_dir.run_files(), tags, self._kept_items_table())
+        return Batch(rows, self.context.run_dir.run_files(), tags, kept_items_table(self.context.run_dir))
 
     def _analysis_rows(self) -> list[tuple[str, float, int]]:
         """The run's analysis.json as metrics: run figures, and each minibatch's agreement over its
@@ -297,19 +291,25 @@ class Mirror:
                 tags["mlflow.parentRunId"] = parent["run_id"]
         return tags
 
-    def _kept_items_table(self) -> dict[str, dict[str, list]]:
-        """The kept items as the table `kept_items.json` (none without kept items)."""
-        rows = list(self.context.run_dir.kept_items())
-        if not rows:
-            return {}
-        table = {
-            "minibatch": [r["minibatch"] for r in rows],
-            "position": [r["position"] for r in rows],
-            "trajectory_ids": [", ".join(r["trajectory_ids"]) for r in rows],
-            "item": [json.dumps(r["item"], ensure_ascii=False) for r in rows],
-            "apply_status": [r.get("apply", {}).get("status", "") for r in rows],
-        }
-        return {"kept_items.json": table}
+
+def kept_items_table(run_dir: RunDir) -> dict[str, dict[str, list]]:
+    """The kept items as the table `kept_items.json` (none without kept items)."""
+    rows = list(run_dir.kept_items())
+    if not rows:
+        return {}
+    table = {
+        "minibatch": [r["minibatch"] for r in rows],
+        "position": [r["position"] for r in rows],
+        "trajectory_ids": [", ".join(r["trajectory_ids"]) for r in rows],
+        "item": [json.dumps(r["item"], ensure_ascii=False) for r in rows],
+        "apply_status": [r.get("apply", {}).get("status", "") for r in rows],
+    }
+    return {"kept_items.json": table}
+
+
+def run_setting(r: ReflectConfig, o: OptimizerConfig) -> Setting:
+    """What a run's description names of its settings."""
+    return Setting(get_mode(r.update_mode).short, r.minibatch_size, r.edit_budget, r.seed, o.model, o.dry_run)
 
 
 def log_dataset(store: Store, c: RunContext, dataset: Dataset) -> None:
