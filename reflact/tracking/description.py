@@ -3,8 +3,9 @@ shows at the top of a run's page and in the runs table's Description column. It 
 researcher looks for first (the setting, the model, what was proposed and kept, what it cost) and,
 when MLflow lacks part of the run, what and the one command that writes it.
 
-reflact keeps its last text in a tag of its own too: a description the user wrote in the UI differs
-from it, and reflact leaves that alone when it writes the run again (a sweep's parent, a rerun).
+A sweep's parent is written again by each sweep into its dir and by relog: a description a user
+wrote there in the UI is kept (reflact knows its own by their first and last lines, so that no tag
+of its own shows the same text again among the run's tags).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 NOTE_TAG = "mlflow.note.content"  # the run's description in MLflow's UI
-OWN_TAG = "reflact.description"  # what reflact last wrote there
+PARENT_START = "Sweep over "  # how a parent's description by reflact starts
+WHOLLY, NOT_WHOLLY = "Wholly in MLflow.", "**Not wholly in MLflow**: "  # and how its last line starts
 ENDED = ("finished", "failed", "killed")  # a sweep's jobs, as its parent counts them
 
 
@@ -52,7 +54,7 @@ def parent_description(fixed: dict[str, str], swept: dict[str, list[str]], metri
         return ",".join(swept[key]) if key in swept else fixed.get(key, "?")
 
     grid = (
-        f"Sweep over M={values('reflect.minibatch_size')}, L={values('reflect.edit_budget')}, "
+        f"{PARENT_START}M={values('reflect.minibatch_size')}, L={values('reflect.edit_budget')}, "
         f"mode {values('reflect.update_mode')}, seed {values('reflect.seed')}, model `{values('optimizer.model')}`."
     )
     jobs = int(metrics.get("jobs", 0))
@@ -67,13 +69,18 @@ def parent_description(fixed: dict[str, str], swept: dict[str, list[str]], metri
 
 
 def note_tags(text: str, held: dict[str, str] | None = None) -> dict[str, str]:
-    """The tags that set the description to `text`, unless `held` (the run's tags) shows the user
-    wrote one of their own: then only reflact's copy is updated."""
-    held = held or {}
-    note = held.get(NOTE_TAG)
-    # reflact's own texts: its last description, or (before descriptions) what the parent lacked
-    theirs = note is not None and note not in (held.get(OWN_TAG), held.get("reflact.needs_relog"))
-    return {OWN_TAG: text} if theirs else {NOTE_TAG: text, OWN_TAG: text}
+    """The tag that sets the description to `text`, none when `held` (the run's tags) shows the
+    user wrote one of their own."""
+    note = (held or {}).get(NOTE_TAG)
+    return {} if note is not None and not _reflacts(note, held or {}) else {NOTE_TAG: text}
+
+
+def _reflacts(note: str, held: dict[str, str]) -> bool:
+    """Whether a parent's description is reflact's: one it wrote, or (before descriptions) the line
+    saying what MLflow lacked."""
+    last = note.rsplit("\n\n", 1)[-1]
+    written = note.startswith(PARENT_START) and (last == WHOLLY or last.startswith(NOT_WHOLLY))
+    return written or note == held.get("reflact.needs_relog")
 
 
 def _minibatches(counts: dict) -> str:
@@ -102,4 +109,4 @@ def _cost(counts: dict, dry_run: bool) -> str:
 
 
 def _repair(missing: str) -> str:
-    return f"**Not wholly in MLflow**: {missing}." if missing else "Wholly in MLflow."
+    return f"{NOT_WHOLLY}{missing}." if missing else WHOLLY
