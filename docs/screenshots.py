@@ -47,7 +47,7 @@ CODE = ("reflact", "conf", "prompts", "examples")  # what `python -m reflact.run
 SIZE = (1600, 1000)
 PNG_LIMIT = 400_000  # bytes; above it a screenshot is reduced to a 256-colour palette
 PLOT_METRICS = ("minibatch/proposed", "minibatch/kept")  # side by side they show the budget cut
-COMPARE_METRICS = ("apply_share", "edits_kept")  # the README's metrics to compare; the last colours the lines
+OPENING_METRIC = "edits_kept"  # what reflact logs first, so that the compare view opens on it
 SIZES = {"run": (1600, 1250)}  # the run page: its metrics and its first parameters both in view
 TABLE_METRICS = 8  # metric columns in the runs table: those that differ between the sweep's runs
 # Without the networking flags Chromium's background connections are refused here and it stalls.
@@ -90,7 +90,6 @@ class Picked:
     metric_run: str
     metric_keys: list[str]
     table_metrics: list[str]
-    compare_metrics: list[str]
 
 
 # --- processes -------------------------------------------------------------------------------
@@ -228,9 +227,8 @@ def pick(store: str) -> Picked:
         raise ShotError("the sweep's runs have no minibatch/... metric to plot")
     plot = [k for k in PLOT_METRICS if k in keys] or keys[:1]
     longest = max(children, key=lambda r: len(client.get_metric_history(r.info.run_id, plot[0])))
-    axes = [k for k in COMPARE_METRICS if all(k in r.data.metrics for r in children)]
     return Picked(exp, parent_id, [r.info.run_id for r in children], single.info.run_id,
-                  longest.info.run_id, plot, varying_metrics(children), axes)
+                  longest.info.run_id, plot, varying_metrics(children))
 
 
 def varying_metrics(children: list) -> list[str]:
@@ -355,29 +353,6 @@ class Tab:
             time.sleep(0.35)
         raise ShotError(f"{what}: the page did not finish loading within {timeout_s:.0f} s")
 
-    def wait(self, expression: str, timeout_s: float = 5) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while not self.js(f"!!({expression})"):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.1)
-        return True
-
-    def click(self, element: str) -> bool:
-        """A real mouse click in the middle of the element `element` (JS) evaluates to; False if none."""
-        box = self.js(f"(() => {{ const e = {element}; if (!e || !e.checkVisibility()) return null; "
-                      "const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()")
-        if box:
-            self.click_at(*box)
-        return bool(box)
-
-    def click_at(self, x: float, y: float) -> None:
-        for kind in ("mousePressed", "mouseReleased"):
-            self.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
-
-    def type(self, text: str) -> None:
-        self.call("Input.insertText", text=text)
-
     def screenshot(self) -> bytes:
         return base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
 
@@ -412,34 +387,18 @@ def shoot(tab: Tab, name: str, url: str, picked: Picked) -> bytes:
         rows = tab.js("document.querySelectorAll('.ag-center-cols-container .ag-row').length")
         if rows < len(picked.children) + 1:
             warn(f"the sweep's runs are not expanded in {name}.png ({rows} rows)")
-    if name == "compare" and picked.compare_metrics:
-        if not choose_axes(tab, picked.compare_metrics):
-            warn(f"could not set the parallel coordinates' metrics to {picked.compare_metrics}; kept the UI's")
-        tab.settle(READY[name], name)
+    if name == "compare" and compared_metrics(tab) != [OPENING_METRIC]:
+        warn(f"the compare view opened on {compared_metrics(tab)}, not on {OPENING_METRIC}")
     time.sleep(0.5)  # the charts' last transition
     return tab.screenshot()
 
 
-def choose_axes(tab: Tab, keys: list[str]) -> bool:
-    """Make `keys` the metric axes of the parallel coordinates (by default the UI takes the first metric)."""
+def compared_metrics(tab: Tab) -> list[str]:
+    """The metric axes the compare view's parallel coordinates plot shows (the UI picks them)."""
     select = ("[...document.querySelectorAll('.du-bois-light-select')].find(s => "
               "s.previousElementSibling && s.previousElementSibling.textContent.trim() === 'Metrics:')")
-    for _ in range(50):  # drop the default choice
-        if not tab.click(f"{select}?.querySelector('.du-bois-light-select-selection-item-remove')"):
-            break
-    for key in keys:
-        option = (f"[...document.querySelectorAll('.du-bois-light-select-item-option')]"
-                  f".find(e => e.checkVisibility() && e.getAttribute('title') === {json.dumps(key)})")
-        tab.click(f"{select}?.querySelector('.du-bois-light-select-selector')")
-        tab.type(key)  # filters the list, which only renders the options in view
-        if not (tab.wait(option) and tab.click(option)):
-            break
-    # closes the list and leaves the mouse where it highlights nothing (Escape left a header highlighted)
-    tab.click_at(SIZE[0] - 5, 5)
-    tab.js("document.activeElement?.blur(); true")  # nor a focus ring
-    chosen = tab.js(f"[...({select})?.querySelectorAll('.du-bois-light-select-selection-item-content') ?? []]"
-                    ".map(e => e.textContent)")
-    return chosen == keys
+    return tab.js(f"[...({select})?.querySelectorAll('.du-bois-light-select-selection-item-content') ?? []]"
+                  ".map(e => e.textContent)")
 
 
 def warn(message: str) -> None:
