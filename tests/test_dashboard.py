@@ -7,13 +7,18 @@ the tests here: slow (the server's start and the sweep take ~15 s on a busy mach
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
+import shutil
+import sys
+import urllib.parse
 import urllib.request
 
 import pytest
 
 from reflact.testing.optimizer_server import OptimizerServer
-from tests.conftest import ok, run_cli, start_mlflow_server, stop, write_dataset
+from tests.conftest import PROJECT, ok, run_cli, start_mlflow_server, stop, write_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +37,8 @@ def served_sweep(tmp_path_factory, migrated_store):
                           f"mlflow.tracking_uri={url}", cwd=launch, timeout=300)
         ok(run)
         runs = rest(url, "runs/search", {"experiment_ids": [experiment_id(url)], "max_results": 100})["runs"]
-        yield {"run": run, "runs": runs, "url": url, "sweep_dir": launch / "outputs" / "sweeps" / "dash"}
+        yield {"run": run, "runs": runs, "url": url, "sweep_dir": launch / "outputs" / "sweeps" / "dash",
+               "root": root}
     finally:
         stop(proc)
 
@@ -88,3 +94,42 @@ def tag(run: dict, key: str) -> str | None:
 
 def metric(run: dict, key: str) -> float:
     return next(m["value"] for m in run["data"]["metrics"] if m["key"] == key)
+
+
+def screenshots_module():
+    """docs/screenshots.py, whose headless Chromium drives the UI here too."""
+    spec = importlib.util.spec_from_file_location("docs_screenshots", PROJECT / "docs" / "screenshots.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["docs_screenshots"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_ui_opens_the_compare_view_on_edits_kept_and_shows_each_runs_description(served_sweep):
+    """In MLflow's own UI, in headless Chromium: the compare view of the sweep's jobs plots edits_kept
+    against the swept setting, and a job's page shows its description, not "No description"."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium)")
+    shots = screenshots_module()
+    url, root = served_sweep["url"] + "/", served_sweep["root"]
+    jobs = [r for r in served_sweep["runs"] if tag(r, "reflact.sweep_parent") != "true"]
+    experiment = jobs[0]["info"]["experiment_id"]
+
+    def q(value) -> str:
+        return urllib.parse.quote(json.dumps(value, separators=(",", ":")), safe="")
+
+    with contextlib.ExitStack() as stack:
+        tab = shots.Tab(shots.Chromium(stack, chromium, root / "chromium-profile", root / "chromium.log"))
+        tab.open(url + f"#/compare-runs?runs={q([r['info']['run_id'] for r in jobs])}&experiments={q([experiment])}")
+        tab.settle(shots.READY["compare"], "compare")
+        assert shots.compared_metrics(tab) == ["edits_kept"]
+        job = jobs[0]
+        run_id = job["info"]["run_id"]
+        tab.open(url + f"#/experiments/{experiment}/runs/{run_id}")
+        tab.settle(shots.READY["run"].format(run=run_id), "run")
+        text = tab.js("document.body.innerText")
+    assert "No description" not in text
+    first, outcome, whole = tag(job, "mlflow.note.content").split("\n\n")
+    assert first.replace("`", "") in text and outcome in text and whole in text
