@@ -5,10 +5,11 @@
 
 In a temporary launch dir it runs the demo sweep (M = 4, 8 x L = 2, 4) and one single run through
 the real CLI against the tests' loopback optimizer (nothing leaves the machine), serves that store
-with `mlflow ui` on 127.0.0.1 and photographs four pages with headless Chromium: runs_table.png
-(the runs, sweep expanded), run.png (one run's overview), compare.png (the sweep's runs compared)
-and metric.png (a per-minibatch series of one sweep run). The CLI runs this checkout's code,
-copied into the launch dir (see stage_code). About 35 s on two cores.
+with `mlflow ui` on 127.0.0.1 and photographs five pages with headless Chromium: runs_table.png
+(the runs, sweep expanded), run.png (one run's overview and description), compare.png (the sweep's
+runs compared, as the UI opens it: on edits kept), outcomes.png (the parent's heatmaps of edits
+kept, agreement and cost over M x L) and metric.png (a per-minibatch series of one sweep run). The
+CLI runs this checkout's code, copied into the launch dir (see stage_code). About 40 s on two cores.
 
 Chromium is driven over the DevTools protocol on a pipe (--remote-debugging-pipe: JSON messages
 ended by NUL on file descriptors 3 and 4), so only the standard library is needed. It needs a
@@ -60,6 +61,7 @@ ROUTES = {
     "runs_table": "#/experiments/{exp}/runs",
     "run": "#/experiments/{exp}/runs/{run}",
     "compare": "#/compare-runs?runs={runs}&experiments={exps}",
+    "outcomes": "#/experiments/{exp}/runs/{parent}/artifacts/{outcomes}",
     "metric": "#/metric/?runs={runs}&metric={metric}&experiments={exps}&plot_metric_keys={keys}"
               "&plot_layout=%7B%7D&x_axis=step&y_axis_scale=linear&line_smoothness=1&show_point=true"
               "&deselected_curves=%5B%5D&last_linear_y_axis_range=%5B%5D",
@@ -69,6 +71,7 @@ READY = {
     "runs_table": "document.querySelectorAll('.ag-center-cols-container .ag-row').length > 0",
     "run": "document.body.innerText.includes({run!r}) && document.body.innerText.includes('Parameters')",
     "compare": "!!document.querySelector('.js-plotly-plot .main-svg')",
+    "outcomes": "[...document.images].some(i => i.src.startsWith('blob:') && i.naturalWidth > 1000)",
     "metric": "!!document.querySelector('.js-plotly-plot .scatterlayer .trace')",
 }
 # Loading placeholders: spinners, skeletons, the grid's loading overlay.
@@ -90,6 +93,7 @@ class Picked:
     metric_run: str
     metric_keys: list[str]
     table_metrics: list[str]
+    outcomes: str  # the parent's picture of the outcomes over M x L (an artifact path)
 
 
 # --- processes -------------------------------------------------------------------------------
@@ -165,7 +169,11 @@ def run_demo(launch: Path, base_url: str) -> None:
     """The demo sweep and one single run, through the real entry point, in the launch dir."""
     common = ["+exp=demo", "optimizer=compatible", f"optimizer.base_url={base_url}", "optimizer.model=test"]
     log, code = launch / "reflact.log", stage_code(launch)
-    run_cli(["-m", *common, "reflect.minibatch_size=4,8", "reflect.edit_budget=2,4"], launch, code, log)
+    # the sweep priced (a made-up price for the stand-in) and drawn twice, so that its pictures of
+    # cost and agreement have figures
+    drawn = ["+optimizer.prices.test={input:1,cached_input:0.1,output:4}", "optimizer.samples=2",
+             "optimizer.temperature=1"]
+    run_cli(["-m", *common, *drawn, "reflect.minibatch_size=4,8", "reflect.edit_budget=2,4"], launch, code, log)
     run_cli(common, launch, code, log)
 
 
@@ -227,8 +235,11 @@ def pick(store: str) -> Picked:
         raise ShotError("the sweep's runs have no minibatch/... metric to plot")
     plot = [k for k in PLOT_METRICS if k in keys] or keys[:1]
     longest = max(children, key=lambda r: len(client.get_metric_history(r.info.run_id, plot[0])))
+    pictures = [a.path for a in client.list_artifacts(parent_id, "report") if "/outcomes_" in a.path]
+    if not pictures:
+        raise ShotError("the sweep's parent run has no report/outcomes_<mode>.png")
     return Picked(exp, parent_id, [r.info.run_id for r in children], single.info.run_id,
-                  longest.info.run_id, plot, varying_metrics(children))
+                  longest.info.run_id, plot, varying_metrics(children), pictures[0])
 
 
 def varying_metrics(children: list) -> list[str]:
@@ -243,11 +254,13 @@ def urls(base: str, picked: Picked) -> dict[str, str]:
         return urllib.parse.quote(json.dumps(value, separators=(",", ":")), safe="")
 
     fields = {"exp": picked.experiment_id, "run": picked.single_id, "exps": q([picked.experiment_id]),
-              "metric": q(picked.metric_keys[0]), "keys": q(picked.metric_keys)}
+              "metric": q(picked.metric_keys[0]), "keys": q(picked.metric_keys), "parent": picked.parent_id,
+              "outcomes": picked.outcomes}
     return {
         "runs_table": base + ROUTES["runs_table"].format(**fields),
         "run": base + ROUTES["run"].format(**fields),
         "compare": base + ROUTES["compare"].format(**fields, runs=q(picked.children)),
+        "outcomes": base + ROUTES["outcomes"].format(**fields),
         "metric": base + ROUTES["metric"].format(**fields, runs=q([picked.metric_run])),
     }
 
