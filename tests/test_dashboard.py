@@ -83,6 +83,10 @@ def test_the_compare_view_opens_on_edits_kept_not_on_a_setting(served_sweep):
     shared = [key for key in listed[0] if all(key in keys for keys in listed[1:])]
     assert shared[0] == "edits_kept" and {"M", "L"} <= set(shared)
     assert parent["data"]["metrics"][0]["key"] == "edits_kept_mean"
+    assert tag(parent, "mlflow.note.content") == (  # the parent's description, through the server
+        "Sweep over M=2, L=1,2, mode patch, seed 42, model `test`.\n\n2 jobs (2 finished).\n\n"
+        "Edits kept per finished job: 3 on average.\n\nCost unknown.\n\nWholly in MLflow."
+    )
     # the value it opens on is the run's outcome, not the 0 logged as the run opened
     kept = {int(metric(r, "L")): metric(r, "edits_kept") for r in jobs}
     assert kept == {1: 2.0, 2: 4.0}  # L of the L + 2 the stand-in proposes, in each of 2 minibatches

@@ -62,8 +62,8 @@ def parent_description(fixed: dict[str, str], swept: dict[str, list[str]], metri
     lines = [grid, f"{jobs} jobs ({ended or 'none ended'})."]
     if "edits_kept_mean" in metrics:
         lines.append(f"Edits kept per finished job: {metrics['edits_kept_mean']:.4g} on average.")
-    if "cost_usd_sum" in metrics:
-        lines.append(f"Cost ${metrics['cost_usd_sum']:.4f} in all.")
+    # no job's cost is known: a model without a price (or no job got as far as its summary)
+    lines.append(f"Cost ${metrics['cost_usd_sum']:.4f} in all." if "cost_usd_sum" in metrics else "Cost unknown.")
     lines.append(_repair(missing))
     return "\n\n".join(lines)
 
