@@ -104,8 +104,9 @@ def _cost(counts: dict, dry_run: bool) -> str:
     if dry_run:
         return f"estimated cost ${cost:.4f}"
     spent = counts.get("spent_usd")
-    cached = f" (${spent:.4f} spent, the rest answered from the cache)" if spent is not None and spent < cost else ""
-    return f"cost ${cost:.4f}{cached}"
+    # the rest was answered by the response cache or an earlier run's patches
+    earlier = f", ${spent:.4f} of it spent by this run" if spent is not None and spent < cost else ""
+    return f"cost ${cost:.4f}{earlier}"
 
 
 def _repair(missing: str) -> str:
