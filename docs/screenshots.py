@@ -5,10 +5,11 @@
 
 In a temporary launch dir it runs the demo sweep (M = 4, 8 x L = 2, 4) and one single run through
 the real CLI against the tests' loopback optimizer (nothing leaves the machine), serves that store
-with `mlflow ui` on 127.0.0.1 and photographs four pages with headless Chromium: runs_table.png
-(the runs, sweep expanded), run.png (one run's overview), compare.png (the sweep's runs compared)
-and metric.png (a per-minibatch series of one sweep run). The CLI runs this checkout's code,
-copied into the launch dir (see stage_code). About 35 s on two cores.
+with `mlflow ui` on 127.0.0.1 and photographs five pages with headless Chromium: runs_table.png
+(the runs, sweep expanded), run.png (one run's overview and description), compare.png (the sweep's
+runs compared, as the UI opens it: on edits kept), outcomes.png (the parent's heatmaps of edits
+kept, agreement and cost over M x L) and metric.png (a per-minibatch series of one sweep run). The
+CLI runs this checkout's code, copied into the launch dir (see stage_code). About 40 s on two cores.
 
 Chromium is driven over the DevTools protocol on a pipe (--remote-debugging-pipe: JSON messages
 ended by NUL on file descriptors 3 and 4), so only the standard library is needed. It needs a
@@ -47,7 +48,7 @@ CODE = ("reflact", "conf", "prompts", "examples")  # what `python -m reflact.run
 SIZE = (1600, 1000)
 PNG_LIMIT = 400_000  # bytes; above it a screenshot is reduced to a 256-colour palette
 PLOT_METRICS = ("minibatch/proposed", "minibatch/kept")  # side by side they show the budget cut
-COMPARE_METRICS = ("apply_share", "edits_kept")  # the README's metrics to compare; the last colours the lines
+OPENING_METRIC = "edits_kept"  # what reflact logs first, so that the compare view opens on it
 SIZES = {"run": (1600, 1250)}  # the run page: its metrics and its first parameters both in view
 TABLE_METRICS = 8  # metric columns in the runs table: those that differ between the sweep's runs
 # Without the networking flags Chromium's background connections are refused here and it stalls.
@@ -60,6 +61,7 @@ ROUTES = {
     "runs_table": "#/experiments/{exp}/runs",
     "run": "#/experiments/{exp}/runs/{run}",
     "compare": "#/compare-runs?runs={runs}&experiments={exps}",
+    "outcomes": "#/experiments/{exp}/runs/{parent}/artifacts/{outcomes}",
     "metric": "#/metric/?runs={runs}&metric={metric}&experiments={exps}&plot_metric_keys={keys}"
               "&plot_layout=%7B%7D&x_axis=step&y_axis_scale=linear&line_smoothness=1&show_point=true"
               "&deselected_curves=%5B%5D&last_linear_y_axis_range=%5B%5D",
@@ -69,6 +71,7 @@ READY = {
     "runs_table": "document.querySelectorAll('.ag-center-cols-container .ag-row').length > 0",
     "run": "document.body.innerText.includes({run!r}) && document.body.innerText.includes('Parameters')",
     "compare": "!!document.querySelector('.js-plotly-plot .main-svg')",
+    "outcomes": "[...document.images].some(i => i.src.startsWith('blob:') && i.naturalWidth > 1000)",
     "metric": "!!document.querySelector('.js-plotly-plot .scatterlayer .trace')",
 }
 # Loading placeholders: spinners, skeletons, the grid's loading overlay.
@@ -90,7 +93,7 @@ class Picked:
     metric_run: str
     metric_keys: list[str]
     table_metrics: list[str]
-    compare_metrics: list[str]
+    outcomes: str  # the parent's picture of the outcomes over M x L (an artifact path)
 
 
 # --- processes -------------------------------------------------------------------------------
@@ -166,7 +169,11 @@ def run_demo(launch: Path, base_url: str) -> None:
     """The demo sweep and one single run, through the real entry point, in the launch dir."""
     common = ["+exp=demo", "optimizer=compatible", f"optimizer.base_url={base_url}", "optimizer.model=test"]
     log, code = launch / "reflact.log", stage_code(launch)
-    run_cli(["-m", *common, "reflect.minibatch_size=4,8", "reflect.edit_budget=2,4"], launch, code, log)
+    # the sweep priced (a made-up price for the stand-in) and drawn twice, so that its pictures of
+    # cost and agreement have figures
+    drawn = ["+optimizer.prices.test={input:1,cached_input:0.1,output:4}", "optimizer.samples=2",
+             "optimizer.temperature=1"]
+    run_cli(["-m", *common, *drawn, "reflect.minibatch_size=4,8", "reflect.edit_budget=2,4"], launch, code, log)
     run_cli(common, launch, code, log)
 
 
@@ -228,9 +235,11 @@ def pick(store: str) -> Picked:
         raise ShotError("the sweep's runs have no minibatch/... metric to plot")
     plot = [k for k in PLOT_METRICS if k in keys] or keys[:1]
     longest = max(children, key=lambda r: len(client.get_metric_history(r.info.run_id, plot[0])))
-    axes = [k for k in COMPARE_METRICS if all(k in r.data.metrics for r in children)]
+    pictures = [a.path for a in client.list_artifacts(parent_id, "report") if "/outcomes_" in a.path]
+    if not pictures:
+        raise ShotError("the sweep's parent run has no report/outcomes_<mode>.png")
     return Picked(exp, parent_id, [r.info.run_id for r in children], single.info.run_id,
-                  longest.info.run_id, plot, varying_metrics(children), axes)
+                  longest.info.run_id, plot, varying_metrics(children), pictures[0])
 
 
 def varying_metrics(children: list) -> list[str]:
@@ -245,11 +254,13 @@ def urls(base: str, picked: Picked) -> dict[str, str]:
         return urllib.parse.quote(json.dumps(value, separators=(",", ":")), safe="")
 
     fields = {"exp": picked.experiment_id, "run": picked.single_id, "exps": q([picked.experiment_id]),
-              "metric": q(picked.metric_keys[0]), "keys": q(picked.metric_keys)}
+              "metric": q(picked.metric_keys[0]), "keys": q(picked.metric_keys), "parent": picked.parent_id,
+              "outcomes": picked.outcomes}
     return {
         "runs_table": base + ROUTES["runs_table"].format(**fields),
         "run": base + ROUTES["run"].format(**fields),
         "compare": base + ROUTES["compare"].format(**fields, runs=q(picked.children)),
+        "outcomes": base + ROUTES["outcomes"].format(**fields),
         "metric": base + ROUTES["metric"].format(**fields, runs=q([picked.metric_run])),
     }
 
@@ -355,29 +366,6 @@ class Tab:
             time.sleep(0.35)
         raise ShotError(f"{what}: the page did not finish loading within {timeout_s:.0f} s")
 
-    def wait(self, expression: str, timeout_s: float = 5) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while not self.js(f"!!({expression})"):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.1)
-        return True
-
-    def click(self, element: str) -> bool:
-        """A real mouse click in the middle of the element `element` (JS) evaluates to; False if none."""
-        box = self.js(f"(() => {{ const e = {element}; if (!e || !e.checkVisibility()) return null; "
-                      "const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()")
-        if box:
-            self.click_at(*box)
-        return bool(box)
-
-    def click_at(self, x: float, y: float) -> None:
-        for kind in ("mousePressed", "mouseReleased"):
-            self.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
-
-    def type(self, text: str) -> None:
-        self.call("Input.insertText", text=text)
-
     def screenshot(self) -> bytes:
         return base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
 
@@ -412,34 +400,18 @@ def shoot(tab: Tab, name: str, url: str, picked: Picked) -> bytes:
         rows = tab.js("document.querySelectorAll('.ag-center-cols-container .ag-row').length")
         if rows < len(picked.children) + 1:
             warn(f"the sweep's runs are not expanded in {name}.png ({rows} rows)")
-    if name == "compare" and picked.compare_metrics:
-        if not choose_axes(tab, picked.compare_metrics):
-            warn(f"could not set the parallel coordinates' metrics to {picked.compare_metrics}; kept the UI's")
-        tab.settle(READY[name], name)
+    if name == "compare" and compared_metrics(tab) != [OPENING_METRIC]:
+        warn(f"the compare view opened on {compared_metrics(tab)}, not on {OPENING_METRIC}")
     time.sleep(0.5)  # the charts' last transition
     return tab.screenshot()
 
 
-def choose_axes(tab: Tab, keys: list[str]) -> bool:
-    """Make `keys` the metric axes of the parallel coordinates (by default the UI takes the first metric)."""
+def compared_metrics(tab: Tab) -> list[str]:
+    """The metric axes the compare view's parallel coordinates plot shows (the UI picks them)."""
     select = ("[...document.querySelectorAll('.du-bois-light-select')].find(s => "
               "s.previousElementSibling && s.previousElementSibling.textContent.trim() === 'Metrics:')")
-    for _ in range(50):  # drop the default choice
-        if not tab.click(f"{select}?.querySelector('.du-bois-light-select-selection-item-remove')"):
-            break
-    for key in keys:
-        option = (f"[...document.querySelectorAll('.du-bois-light-select-item-option')]"
-                  f".find(e => e.checkVisibility() && e.getAttribute('title') === {json.dumps(key)})")
-        tab.click(f"{select}?.querySelector('.du-bois-light-select-selector')")
-        tab.type(key)  # filters the list, which only renders the options in view
-        if not (tab.wait(option) and tab.click(option)):
-            break
-    # closes the list and leaves the mouse where it highlights nothing (Escape left a header highlighted)
-    tab.click_at(SIZE[0] - 5, 5)
-    tab.js("document.activeElement?.blur(); true")  # nor a focus ring
-    chosen = tab.js(f"[...({select})?.querySelectorAll('.du-bois-light-select-selection-item-content') ?? []]"
-                    ".map(e => e.textContent)")
-    return chosen == keys
+    return tab.js(f"[...({select})?.querySelectorAll('.du-bois-light-select-selection-item-content') ?? []]"
+                  ".map(e => e.textContent)")
 
 
 def warn(message: str) -> None:

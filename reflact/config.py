@@ -104,32 +104,47 @@ class Provider(Enum):
 @dataclass
 class DataConfig:
     dir: str | None = None  # a dataset folder; the three paths below default into it
+    # the skill file (default: skill.md in data.dir)
     skill: str | None = None
+    # the results file, one JSON object per run (default: results.jsonl in data.dir)
     results: str | None = None
+    # the folder of conversations, one per run (default: predictions/ in data.dir)
     predictions: str | None = None
+    # skip: leave out runs whose conversation file is corrupt, recording why; error: stop
     on_bad_conversation: OnBadConversation = OnBadConversation.error
     max_file_mb: float = 64.0  # any input file larger than this is bad input (a runaway log, a wrong path)
 
 
 @dataclass
 class SkillAwareConfig:
+    # failures are classified SKILL_DEFECT (an edit) or EXECUTION_LAPSE (a note in appendix_notes)
     enabled: bool = False
+    # failure_only: successes may not add notes
     appendix_source: AppendixSource = AppendixSource.both
 
 
 @dataclass
 class ReflectConfig:
+    # M: trajectories per call (at least 1)
     minibatch_size: int = 8
+    # L: items kept per minibatch (a full rewrite is not cut)
     edit_budget: int = 4  # L < 0: no limit; L = 0 keeps no item
+    # failures are shuffled with it, successes with seed + 1 (the order does not depend on M)
     seed: int = 42
+    # patch (edits), rewrite_from_suggestions (rewrite) or full_rewrite_minibatch (full_rewrite)
     update_mode: str = "patch"
+    # calls in flight at once
     workers: int = 16
+    # drop the successes: failures alone are analysed
     failure_only: bool = False
+    # a run whose `hard` score is below it is a failure
     success_threshold: float = 1e-9
     max_reasks: int = 2  # extra calls when a reply does not parse, validate, or was cut off
     allow_failed_minibatches: bool = True  # false: exit code 1 when a minibatch finally failed
     skill_aware: SkillAwareConfig = field(default_factory=SkillAwareConfig)
+    # the previous steps of this epoch, shown under their heading in the user message
     step_buffer: str = ""  # text, or a path to a .md/.txt file
+    # earlier lessons for the optimizer, to prefer when the minibatch's evidence is ambiguous
     meta_skill: str = ""  # text, or a path to a .md/.txt file
     # ask the analyst which trajectories (by position) motivate each item; recorded as ids per item
     provenance: bool = False
@@ -138,6 +153,7 @@ class ReflectConfig:
 @dataclass
 class PromptsConfig:
     error: str | None = None  # override of the failure template: text or a file path
+    # override of the success template: text or a file path
     success: str | None = None
 
 
@@ -168,41 +184,60 @@ class Price:
 
 @dataclass
 class RetryConfig:
+    # attempts per request (HTTP 408, 409, 429, 5xx, timeouts, dropped connections, malformed bodies are retried)
     max_attempts: int = 6
+    # retries stop when the next wait would pass this many seconds in all
     max_seconds: float = 900.0
+    # the first backoff wait, doubled each retry, plus up to this much jitter
     initial_wait_s: float = 1.0
+    # the longest one wait, a server's Retry-After included
     max_wait_s: float = 60.0
 
 
 @dataclass
 class AzureConfig:
+    # the Azure OpenAI resource's endpoint, for optimizer=azure
     endpoint: str | None = None  # https://<resource>.openai.azure.com
+    # the Azure deployment that serves the model
     deployment: str | None = None
+    # the Azure OpenAI API version sent
     api_version: str = "2024-10-21"
 
 
 @dataclass
 class OptimizerConfig:
+    # the optimizer model, as the server names it
     model: str = "gpt-5"
+    # openai (or any OpenAI-compatible server at base_url) or azure (set by optimizer=azure)
     provider: Provider = Provider.openai
+    # the server's URL (default: OpenAI's API)
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"  # the name of the variable, never the key
     azure: AzureConfig = field(default_factory=AzureConfig)
+    # the longest one request may take, connect to last byte
     timeout_s: float = 600.0
+    # output allowance per call
     max_output_tokens: int = 16384
+    # output allowance per call in full rewrite mode (a whole skill)
     max_output_tokens_full_rewrite: int = 64000
     max_output_tokens_ceiling: int = 128000  # a reply cut off by the limit is re-asked with twice the room, up to this
     # OpenAI's reasoning models need max_completion_tokens; some older servers only know max_tokens
     token_limit_param: str = "max_completion_tokens"
+    # sent only when set
     temperature: float | None = None
+    # sent only when set (for reasoning models)
     reasoning_effort: str | None = None
+    # how the reply's JSON shape is asked for: the mode's JSON schema, JSON object mode, or off
     structured_output: StructuredOutput = StructuredOutput.auto
     sample: int = 0  # part of the cache key: with temperature > 0, sample=1,2,... are fresh draws
     # draws per minibatch: draw d is asked with sample index `sample + d` (and, when > 1, that seed)
     samples: int = 1
+    # the response cache: read and write, read or write only, or off
     cache: CacheMode = CacheMode.read_write
+    # the response cache's file
     cache_path: str | None = None  # default: <launch dir>/outputs/cache.db
     context_window: int | None = None  # tokens; prompts that would not fit are split or shortened
+    # what becomes of a prompt that would not fit optimizer.context_window
     context_overflow: ContextOverflow = ContextOverflow.split
     max_cost_usd: float | None = None  # spend never passes it: a call starts only if its worst case fits
     rpm: int | None = None  # requests per minute, shared by all workers of a run
@@ -212,11 +247,15 @@ class OptimizerConfig:
     service_tier: ServiceTier = ServiceTier.auto  # sent as `service_tier` unless auto
     flex_timeout_s: float = 900.0  # with flex, the longest one request may take (flex replies are slower)
     flex_fallback_after: int | None = None  # flex 429s "resource unavailable" for one request before it goes at auto
+    # how requests are sent: live, or as Batch API jobs at half price
     execution: Execution = Execution.live
     batch_wait: bool = True  # false: submit the batch and return at once
+    # with execution=batch: re-asks go as a follow-up batch, or live once the first batch is in
     batch_reasks: BatchReasks = BatchReasks.batch
     batch_max_wait_h: float = 25.0  # a batch still unfinished this long after its creation is left to a later command
+    # the Batch API's requests at most
     batch_max_requests: int = 50000  # per input file (Azure allows 100,000)
+    # the Batch API's file size at most, in MB
     batch_max_mb: float = 200.0  # per input file
     # model -> {input, cached_input, output}; plain dicts so a new model can be priced on the
     # command line (+optimizer.prices.my-model={input:1,output:2}); checked by validate()
@@ -225,9 +264,12 @@ class OptimizerConfig:
 
 @dataclass
 class MlflowConfig:
+    # false: nothing is logged to MLflow (the run dir holds everything either way)
     enabled: bool = True
     trace_calls: bool = True  # one MLflow trace per optimizer call, linked to the run
+    # where runs are logged: an MLflow tracking URI (a server, a database)
     tracking_uri: str | None = None  # default: sqlite:///<launch dir>/outputs/mlflow.db
+    # the MLflow experiment runs are logged to
     experiment: str = "reflact"
     # the longest a run waits at its end for its MLflow run to be written, counted from its last
     # reply, whatever the store does (down, frozen, slow, a backlog); then one warning, and relog
@@ -244,8 +286,11 @@ class Matcher(Enum):
 
 @dataclass
 class EmbeddingConfig:
+    # the OpenAI-compatible server whose /v1/embeddings the embedding and judge matchers use
     base_url: str | None = None  # default: optimizer.base_url
+    # the embedding model of the embedding and judge matchers
     model: str = "text-embedding-3-small"
+    # the name of the variable holding that server's key
     api_key_env: str | None = None  # default: optimizer.api_key_env
     # cosine at or above which two items match (bench/README.md: the labelled pairs' figures)
     threshold: float = 0.9
@@ -257,6 +302,7 @@ class JudgeConfig:
     # embedding neighbours at or above this cosine are asked about (the judge only removes matches)
     candidate_threshold: float = 0.85
     batch: int = 20  # pairs per question
+    # output allowance per judge question
     max_output_tokens: int = 2048
 
 

@@ -247,6 +247,19 @@ def test_demo_run_is_logged_to_mlflow(demo):
     assert not (launch / "mlflow.db").exists()
 
 
+def test_a_run_describes_its_setting_and_outcome_in_mlflow(demo):
+    """The run's description (what MLflow's UI shows on its page and in the runs table) names its
+    setting, model, minibatches, edits proposed and kept, cost, and that MLflow holds all of it."""
+    from reflact.tracking.description import NOTE_TAG
+
+    run = demo["steps"]["first"]["mlflow"][0]
+    assert run["tags"][NOTE_TAG] == (
+        "patch mode, M=8, L=4, seed 42, model `test`.\n\n"
+        "4 minibatches; 24 edits proposed, 16 kept; cost unknown (no price for the model).\n\n"
+        "Wholly in MLflow."
+    )
+
+
 def test_reruns_of_a_run_dir_show_once_in_mlflow(demo):
     steps = demo["steps"]
     first, again, bad, budget = (steps[k]["mlflow"] for k in ("first", "again", "bad", "budget"))

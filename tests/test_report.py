@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from mlflow.store.entities.paged_list import PagedList
 
-from reflact.sweeps.grid_report import PAGE, grid_rows, sweep_runs, write_picture, write_table
+from reflact.sweeps.grid_report import PAGE, grid_rows, sweep_runs, write_outcomes, write_picture, write_table
 
 
 def test_grid_groups_by_mode_m_l_with_mean_and_sample_spread():
@@ -130,3 +130,9 @@ def test_failed_and_missing_jobs_are_marked_not_averaged_as_zeros(tmp_path):
     assert set(by_cell[(4, 4)][columns.index("seed_agreement"):]) == {"missing"} and by_cell[(4, 4)][3] == "0/0/3"
     [png] = write_picture(list(rows.values()), tmp_path)
     assert png.read_bytes().startswith(b"\x89PNG")
+    # the outcomes alone, one wide picture of three heatmaps per mode
+    [outcomes] = write_outcomes(list(rows.values()), tmp_path)
+    head = outcomes.read_bytes()[:24]
+    assert outcomes.name == "outcomes_patch.png" and head.startswith(b"\x89PNG")
+    width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    assert (width, height) == (15 * 110, round(4.6 * 110))

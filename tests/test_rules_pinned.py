@@ -313,17 +313,49 @@ def test_a_sweep_parents_status_and_counts_come_from_its_job_dirs(tmp_path, reco
         assert NEEDS_RELOG_TAG not in store.tags
 
 
+def test_a_sweep_parent_describes_its_grid_jobs_edits_and_cost(tmp_path):
+    """The parent's description (MLflow's run description) names the grid, model, jobs and how they
+    ended, edits kept over the finished jobs and what the sweep cost; one the user wrote is kept."""
+    from reflact.running.rundir import SweepDir
+    from reflact.sweeps import sweep
+    from reflact.sweeps.jobs import sweep_jobs
+    from reflact.tracking.description import NOTE_TAG
+
+    job_dirs(tmp_path, ["FINISHED", "FINISHED", "INCOMPLETE:FAILED"])
+    SweepDir(tmp_path).write_identity({
+        "fixed": {"reflect.update_mode": "patch", "reflect.seed": "42", "optimizer.model": "test",
+                  "reflect.minibatch_size": "8"},
+        "swept": {"reflect.edit_budget": ["1", "2", "4"]},
+    })
+    store = ParentStore()
+    sweep.status_of_children(store, sweep_jobs(SweepDir(tmp_path), store.uri), SweepDir(tmp_path), False)
+    assert store.tags[NOTE_TAG] == (
+        "Sweep over M=8, L=1,2,4, mode patch, seed 42, model `test`.\n\n"
+        "3 jobs (2 finished, 1 failed).\n\n"
+        "Edits kept per finished job: 0.5 on average.\n\n"  # jobs 0 and 1 kept 0 and 1
+        "Cost $1.5000 in all.\n\n"
+        f"**Not wholly in MLflow**: 1 of 3 jobs not wholly in MLflow (the tracking store failed); "
+        f"python -m reflact.relog {tmp_path} writes them and this sweep's figures."
+    )
+    store.tags[NOTE_TAG] = "my notes on this sweep"  # written in the UI
+    sweep.status_of_children(store, sweep_jobs(SweepDir(tmp_path), store.uri), SweepDir(tmp_path), False)
+    assert store.tags[NOTE_TAG] == "my notes on this sweep"
+
+
 def test_a_repaired_sweep_parent_drops_what_it_said_was_missing(tmp_path):
     from reflact.running.rundir import SweepDir
     from reflact.sweeps import sweep
-    from reflact.sweeps.jobs import NEEDS_RELOG_TAG, NOTE_TAG, sweep_jobs
+    from reflact.sweeps.jobs import NEEDS_RELOG_TAG, sweep_jobs
+    from reflact.tracking.description import NOTE_TAG
 
     job_dirs(tmp_path, ["FINISHED", "INCOMPLETE:FINISHED"])
     store = ParentStore()
     sweep.status_of_children(store, sweep_jobs(SweepDir(tmp_path), store.uri), SweepDir(tmp_path), False)
-    assert store.tags[NOTE_TAG] == store.tags[NEEDS_RELOG_TAG]  # the description says it too
+    missing = store.tags[NEEDS_RELOG_TAG]
+    assert store.tags[NOTE_TAG].endswith(f"**Not wholly in MLflow**: {missing}.")  # the description says it too
     (tmp_path / "reflect.seed=1" / "mlflow_run.json").write_text(
         json.dumps({"run_id": "1", "tracking_uri": store.uri, "status": "FINISHED"}))  # relogged
     sweep.status_of_children(store, sweep_jobs(SweepDir(tmp_path), store.uri), SweepDir(tmp_path), False)
-    assert NEEDS_RELOG_TAG not in store.tags and NOTE_TAG not in store.tags
+    assert NEEDS_RELOG_TAG not in store.tags
+    assert missing not in store.tags[NOTE_TAG] and store.tags[NOTE_TAG].endswith("Wholly in MLflow.")
     assert store.metrics["jobs_finished"] == 2

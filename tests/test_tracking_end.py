@@ -295,6 +295,10 @@ def test_an_end_whose_files_cannot_be_written_still_writes_the_status(mirror, tm
     assert run.data.metrics["kept"] == 1.0
     assert run.data.tags[MISSING_TAG] == ("1 files not written (OSError: the artifact store refused the file); "
                                           f"python -m reflact.relog {tmp_path / 'run'}")
+    # the run's description says so too, under its setting and what it did
+    from reflact.tracking.description import NOTE_TAG
+
+    assert run.data.tags[NOTE_TAG].endswith(f"**Not wholly in MLflow**: {run.data.tags[MISSING_TAG]}.")
 
 
 def test_a_run_whose_artifact_store_refuses_files_ends_with_its_status_and_names_relog(tmp_path, server):
@@ -329,6 +333,7 @@ def test_a_run_whose_artifact_store_refuses_files_ends_with_its_status_and_names
     assert relog.returncode == 0, relog.stderr[-3000:]
     [again] = client.search_runs([run.info.experiment_id])
     assert again.info.status == "FINISHED" and MISSING_TAG not in again.data.tags
+    assert again.data.tags["mlflow.note.content"].endswith("Wholly in MLflow.")  # relogged whole
     assert {f.path for f in client.list_artifacts(again.info.run_id, "run")} >= {"run/summary.json"}
 
 
@@ -422,7 +427,8 @@ def test_a_sweep_whose_store_failed_while_its_jobs_ran_says_so_and_one_relog_rep
     runs the store held, RUNNING as FAILED, and relog never touched the parent)."""
     from mlflow.tracking import MlflowClient
 
-    from reflact.sweeps.jobs import NEEDS_RELOG_TAG, NOTE_TAG
+    from reflact.sweeps.jobs import NEEDS_RELOG_TAG
+    from reflact.tracking.description import NOTE_TAG
 
     data = write_dataset(tmp_path / "data", n_fail=4, n_succ=0)
     launch = tmp_path / "launch"
@@ -451,14 +457,15 @@ def test_a_sweep_whose_store_failed_while_its_jobs_ran_says_so_and_one_relog_rep
         parent = client.get_run(parent_id)
         assert parent.info.status == "FINISHED"
         assert (parent.data.metrics["jobs"], parent.data.metrics["jobs_finished"]) == (4, 4)
-        assert parent.data.tags[NEEDS_RELOG_TAG] == parent.data.tags[NOTE_TAG] == message
+        assert parent.data.tags[NEEDS_RELOG_TAG] == message
+        assert parent.data.tags[NOTE_TAG].endswith(f"**Not wholly in MLflow**: {message}.")
 
         relog = subprocess.run([sys.executable, "-m", "reflact.relog", str(sweep_dir)], cwd=launch,
                                capture_output=True, text=True, timeout=170)
     assert relog.returncode == 0, relog.stderr[-3000:]
     parent = client.get_run(parent_id)
     assert parent.info.status == "FINISHED" and parent.data.metrics["jobs_finished"] == 4
-    assert NEEDS_RELOG_TAG not in parent.data.tags and NOTE_TAG not in parent.data.tags
+    assert NEEDS_RELOG_TAG not in parent.data.tags and parent.data.tags[NOTE_TAG].endswith("Wholly in MLflow.")
     children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
     assert sorted(r.info.status for r in children) == ["FINISHED"] * 4
     job_dirs = {str(p.parent) for p in sweep_dir.rglob("summary.json")}

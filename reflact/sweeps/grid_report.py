@@ -227,6 +227,36 @@ def write_picture(rows: list[dict], out: Path) -> list[Path]:
     return paths
 
 
+# what a researcher looks at first, one picture per mode large enough to read in MLflow's artifact view
+OUTCOMES = ("edits_kept", "agreement", "cost_usd")
+OUTCOMES_SIZE = (15, 4.6)  # inches, at 110 dpi
+
+
+def write_outcomes(rows: list[dict], out: Path) -> list[Path]:
+    """One PNG per mode, `outcomes_<mode>.png`: M x L heatmaps of edits kept, agreement over draws and
+    cost, beside the grid of every metric (write_picture); a figure not defined reads – in its cells."""
+    with one_at_a_time():
+        import matplotlib
+
+    matplotlib.use("Agg")
+    with one_at_a_time():
+        import matplotlib.pyplot as plt
+
+    paths = []
+    for mode in sorted({r["mode"] for r in rows}):
+        cells = [r for r in rows if r["mode"] == mode]
+        fig, axes = plt.subplots(1, len(OUTCOMES), figsize=OUTCOMES_SIZE)
+        for ax, metric in zip(axes, OUTCOMES, strict=True):
+            _heatmap(fig, ax, cells, metric)
+        fig.suptitle(f"{mode}: edits kept, agreement and cost over M x L (mean over each cell's finished jobs)")
+        fig.tight_layout()
+        path = out / f"outcomes_{mode}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
 def _heatmap(fig, ax, cells: list[dict], metric: str) -> None:
     ms, ls = sorted({r["M"] for r in cells}), sorted({r["L"] for r in cells})
     grid = [[float("nan")] * len(ls) for _ in ms]
@@ -254,7 +284,7 @@ def report_sweep(client, sweep_id: str, out: Path, parent_run_id: str | None = N
     if not rows:
         return []
     seed_metrics = add_seed_agreement(rows, finished(runs))
-    paths = [*write_table(rows, out), *write_picture(rows, out)]
+    paths = [*write_table(rows, out), *write_outcomes(rows, out), *write_picture(rows, out)]
     if parent_run_id:
         for path in paths:
             client.log_artifact(parent_run_id, str(path), "report")

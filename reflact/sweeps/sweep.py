@@ -268,19 +268,22 @@ def status_of_children(store, jobs: list, sweep: SweepDir, failed: bool) -> str:
     """The parent's status from its job dirs (reflact.sweeps.jobs), never from what the store holds:
     KILLED if a job was stopped; FAILED if one failed (`failed`: also one without a run dir, or the
     sweep aborted); else FINISHED. Also logs the parent's counts and figures over its jobs, so a
-    collapsed sweep still charts, and says on the parent (a tag, its description) which jobs
-    MLflow lacks and the command that writes them (removed once nothing is missing)."""
-    from reflact.sweeps.jobs import NEEDS_RELOG_TAG, NOTE_TAG, needs_relog, parent_metrics, parent_status
+    collapsed sweep still charts, and its description (reflact.tracking.description: the grid, the
+    jobs, edits kept, cost); a tag and the description say which jobs MLflow lacks and the command
+    that writes them (the tag removed once nothing is missing)."""
+    from reflact.sweeps.jobs import NEEDS_RELOG_TAG, needs_relog, parent_metrics, parent_status
+    from reflact.tracking.description import note_tags, parent_description
 
     dirs = {str(job.run_dir) for job in jobs}
     without_dir = [r for r in sweep.failed_jobs() if str(Path(str(r.get("run_dir", ""))).resolve()) not in dirs]
     missing = needs_relog(jobs, sweep.root)
-    tags = {NEEDS_RELOG_TAG: missing, NOTE_TAG: missing} if missing else {}
-    store.log_metrics([(k, float(v), 0) for k, v in parent_metrics(jobs, len(without_dir)).items()], now_ms(), tags)
-    held = {} if missing else store.client.get_run(store.run_id).data.tags
-    if NEEDS_RELOG_TAG in held:  # repaired: what the parent said is no longer so
-        if held.get(NOTE_TAG) == held[NEEDS_RELOG_TAG]:  # the description was that, not the user's
-            store.client.delete_tag(store.run_id, NOTE_TAG)
+    metrics = parent_metrics(jobs, len(without_dir))
+    held = store.client.get_run(store.run_id).data.tags
+    identity = sweep.identity()
+    text = parent_description(identity.get("fixed", {}), identity.get("swept", {}), metrics, missing)
+    tags = {**note_tags(text, held), **({NEEDS_RELOG_TAG: missing} if missing else {})}
+    store.log_metrics([(k, float(v), 0) for k, v in metrics.items()], now_ms(), tags)
+    if not missing and NEEDS_RELOG_TAG in held:  # repaired: what the parent said is no longer so
         store.client.delete_tag(store.run_id, NEEDS_RELOG_TAG)
     return parent_status(jobs, failed)
 

@@ -13,19 +13,22 @@ import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from reflact.config import priced
+from reflact.config import OptimizerConfig, ReflectConfig, priced
 from reflact.groups import GROUPS
 from reflact.imports import one_at_a_time
 from reflact.inputs.dataset import Dataset
+from reflact.modes import get_mode
 from reflact.prompting.prompts import SystemPrompts, content_hash, overrides_of
 from reflact.running.events import BatchNoted, MinibatchEnded, Planned
 from reflact.running.outcome import Outcome
-from reflact.running.rundir import SweepDir
+from reflact.running.rundir import RunDir, SweepDir
 from reflact.running.summary import dataset_counts
 from reflact.text import one_line
+from reflact.tracking.description import Setting, note_tags, run_description
 from reflact.tracking.process import RunContext
 from reflact.tracking.store import (
     METRICS_PER_WRITE,
+    OPENING_METRIC,
     Store,
     analysis_metrics,
     batch_view,
@@ -158,6 +161,7 @@ class Mirror:
         self.totals = Totals(priced=priced(context.cfg))
         self._ending: Batch | None = None  # the end's write, once made (what a failed try left of it)
         self.batches = Batches()
+        self.setting = run_setting(context.cfg.reflect, context.cfg.optimizer)  # what its description names
 
     def open(self) -> str:
         """Creates the run (replacing any earlier one of the run dir), RUNNING since the run's start;
@@ -173,7 +177,8 @@ class Mirror:
             return left
         run_id = self.store.create(run_name(c.cfg, c.job), self._tags(), int(c.started_at * 1000))
         self.store.log_params(params)
-        self.store.log_metrics([(k, float(v), 0) for k, v in setting_metrics(c.cfg).items()], now_ms())
+        opening = [(OPENING_METRIC, 0.0, 0)]  # first: the compare view opens on it, not on M
+        self.store.log_metrics(opening + [(k, float(v), 0) for k, v in setting_metrics(c.cfg).items()], now_ms())
         if c.dataset is not None:
             log_dataset(self.store, c, c.dataset)
         if c.system is not None:
@@ -236,21 +241,24 @@ class Mirror:
         what it lacks and which command writes it, so that it is never left RUNNING for good."""
         missing = self._ending.missing() if self._ending is not None else "its end"
         relog = f"python -m reflact.relog {self.context.run_dir.root}"
-        self.store.client.set_tag(self.store.run_id, MISSING_TAG, f"{missing} not written ({why}); {relog}")
+        lacking = f"{missing} not written ({why}); {relog}"
+        described = note_tags(run_description(self.setting, self.totals.counts(), lacking))
+        self.store.log_metrics([], now_ms(), {MISSING_TAG: lacking, **described})
         end_run(self.store, status, end_ms)
 
     def _end_batch(self, summary: dict | None) -> Batch:
         """The end's own metrics, files and tags: the run's counts and files when it got as far as its
         summary, and the kept-items table's tag."""
-        if summary is None:
-            return Batch()
+        if summary is None:  # stopped before its summary: the totals so far
+            return Batch(tags=note_tags(run_description(self.setting, self.totals.counts())))
         dry_run = self.context.cfg.optimizer.dry_run
         rows = [(k, v, self.totals.ended) for k, v in total_metrics(summary["counts"], dry_run).items()]
         for record in summary["minibatches"]:
             step = self.positions.get(record["tag"], 0)
             rows += [(k, v, step) for k, v in minibatch_metrics(record).items() if k == "minibatch/apply_share"]
         rows += self._analysis_rows()
-        return Batch(rows, self.context.run_dir.run_files(), tables=self._kept_items_table())
+        tags = note_tags(run_description(self.setting, summary["counts"]))
+        return Batch(rows, self.context.run_dir.run_files(), tags, kept_items_table(self.context.run_dir))
 
     def _analysis_rows(self) -> list[tuple[str, float, int]]:
         """The run's analysis.json as metrics: run figures, and each minibatch's agreement over its
@@ -274,6 +282,7 @@ class Mirror:
     def _tags(self) -> dict[str, str]:
         c = self.context
         tags = context_tags(c.cfg, c.run_dir.root, c.launch_dir, list(c.overrides))
+        tags.update(note_tags(run_description(self.setting, None)))  # its setting, until its end says more
         if c.sweep_dir is not None:
             tags["reflact.sweep_id"] = sweep_id(c.sweep_dir, c.launch_dir)
             tags["reflact.job"] = str(c.job)
@@ -282,19 +291,25 @@ class Mirror:
                 tags["mlflow.parentRunId"] = parent["run_id"]
         return tags
 
-    def _kept_items_table(self) -> dict[str, dict[str, list]]:
-        """The kept items as the table `kept_items.json` (none without kept items)."""
-        rows = list(self.context.run_dir.kept_items())
-        if not rows:
-            return {}
-        table = {
-            "minibatch": [r["minibatch"] for r in rows],
-            "position": [r["position"] for r in rows],
-            "trajectory_ids": [", ".join(r["trajectory_ids"]) for r in rows],
-            "item": [json.dumps(r["item"], ensure_ascii=False) for r in rows],
-            "apply_status": [r.get("apply", {}).get("status", "") for r in rows],
-        }
-        return {"kept_items.json": table}
+
+def kept_items_table(run_dir: RunDir) -> dict[str, dict[str, list]]:
+    """The kept items as the table `kept_items.json` (none without kept items)."""
+    rows = list(run_dir.kept_items())
+    if not rows:
+        return {}
+    table = {
+        "minibatch": [r["minibatch"] for r in rows],
+        "position": [r["position"] for r in rows],
+        "trajectory_ids": [", ".join(r["trajectory_ids"]) for r in rows],
+        "item": [json.dumps(r["item"], ensure_ascii=False) for r in rows],
+        "apply_status": [r.get("apply", {}).get("status", "") for r in rows],
+    }
+    return {"kept_items.json": table}
+
+
+def run_setting(r: ReflectConfig, o: OptimizerConfig) -> Setting:
+    """What a run's description names of its settings."""
+    return Setting(get_mode(r.update_mode).short, r.minibatch_size, r.edit_budget, r.seed, o.model, o.dry_run)
 
 
 def log_dataset(store: Store, c: RunContext, dataset: Dataset) -> None:

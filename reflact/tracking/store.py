@@ -48,6 +48,10 @@ ANALYSIS_METRICS = (
     "analysis_tokens",
     "analysis_cost_usd",
 )
+# the outcome a run's compare view opens on, logged (0 before any minibatch) ahead of the settings:
+# MLflow's compare view opens its parallel coordinates plot on the first metric its runs share, in
+# the order the store returns them (the order they were first logged), against the params that differ
+OPENING_METRIC = "edits_kept"
 METRICS_PER_WRITE = 1000  # the most metrics MLflow takes in one request
 TRACE_BATCH = 100  # traces per write: the most MLflow links to a run in one request
 PAGE = 1000  # runs per search request
@@ -523,6 +527,9 @@ def mlflow_defaults() -> None:
     # traces are written on reflact's own tracker thread already; MLflow's async queue would add
     # its own thread, polled once a second, that the end of every run had to wait for
     os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
+    # ending a run on a tracking server prints "View run ... at" and "View experiment at" (after
+    # one more request for the run): reflact's output is its own lines, and it names the run itself
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 
 @contextlib.contextmanager
