@@ -23,7 +23,10 @@ from reflact.running.outcome import Outcome
 from reflact.running.rundir import SweepDir
 from reflact.running.summary import dataset_counts
 from reflact.text import one_line
+from reflact.tracking.nesting import PARENT_TAG, nest
 from reflact.tracking.process import RunContext
+from reflact.tracking.provenance import edit_feedback
+from reflact.tracking.registry import register_skill
 from reflact.tracking.store import (
     METRICS_PER_WRITE,
     Store,
@@ -158,11 +161,15 @@ class Mirror:
         self.totals = Totals(priced=priced(context.cfg))
         self._ending: Batch | None = None  # the end's write, once made (what a failed try left of it)
         self.batches = Batches()
+        self._handed_back = False  # the patched skill registered, the source traces given their feedback
 
     def open(self) -> str:
         """Creates the run (replacing any earlier one of the run dir), RUNNING since the run's start;
         one its batch left SCHEDULED is taken up again instead (its params kept, new ones added)."""
         c = self.context
+        parent = self._parent()
+        if parent:
+            nest(self.store, parent)
         left = scheduled_run(self.store, c)
         self.store.retire(c.run_dir.root, keep=left)
         hashes = c.template_hashes or (c.system.hashes() if c.system is not None else {})
@@ -229,6 +236,9 @@ class Mirror:
         self.log(self._ending)
         if self.context.cfg.mlflow.trace_calls:
             _flush_traces()
+        if summary is not None and status == "FINISHED" and not self._handed_back:
+            self._handed_back = True  # once: a retried end does not write it again
+            hand_back(self.store, self.context)
         end_run(self.store, status, end_ms or now_ms())
 
     def abandon(self, status: str, end_ms: int, why: str) -> None:
@@ -277,10 +287,18 @@ class Mirror:
         if c.sweep_dir is not None:
             tags["reflact.sweep_id"] = sweep_id(c.sweep_dir, c.launch_dir)
             tags["reflact.job"] = str(c.job)
-            parent = SweepDir(c.sweep_dir).parent_record()
-            if parent.get("tracking_uri") == self.store.uri:
-                tags["mlflow.parentRunId"] = parent["run_id"]
+        parent = self._parent()
+        if parent:
+            tags[PARENT_TAG] = parent
         return tags
+
+    def _parent(self) -> str:
+        """The run this one is a child of: its sweep's parent run, else mlflow.parent_run_id ("" if none)."""
+        c = self.context
+        if c.sweep_dir is not None:
+            parent = SweepDir(c.sweep_dir).parent_record()
+            return str(parent["run_id"]) if parent.get("tracking_uri") == self.store.uri else ""
+        return c.cfg.mlflow.parent_run_id or ""
 
     def _kept_items_table(self) -> dict[str, dict[str, list]]:
         """The kept items as the table `kept_items.json` (none without kept items)."""
@@ -322,6 +340,24 @@ def link_prompts(store: Store, c: RunContext, system: SystemPrompts) -> None:
             store.link_prompt(name, text, content_hash(text))
     except Exception as exc:  # the template hashes are params either way
         log.warning("the templates could not be linked from MLflow's prompt registry: %s", one_line(exc))
+
+
+def hand_back(store: Store, c: RunContext) -> None:
+    """What a finished run gives back to MLflow beyond its own run: the patched skill as a version in
+    the Prompt Registry (mlflow.register_skill) and a `reflact.edit` feedback on each source trace of
+    a kept item (mlflow.edit_feedback). A registry or trace store that fails costs a warning."""
+    if c.dataset is None or c.cfg.optimizer.dry_run:
+        return
+    if c.cfg.mlflow.register_skill:
+        try:
+            register_skill(store, c)
+        except Exception as exc:  # the run dir keeps the edits: a warning, not the run
+            log.warning("the patched skill could not be registered in MLflow's Prompt Registry: %s", one_line(exc))
+    if c.cfg.mlflow.edit_feedback:
+        try:
+            edit_feedback(store, c)
+        except Exception as exc:
+            log.warning("the reflact.edit feedback could not be written on the source traces: %s", one_line(exc))
 
 
 def _flush_traces() -> None:
