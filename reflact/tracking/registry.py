@@ -131,10 +131,17 @@ def _tags(store, c: RunContext, patched: Patched, digest: str) -> dict[str, str]
         "reflact.edits_kept": str(len(patched.kept)),
         HASH_TAG: digest,
     }
-    if c.job is not None:  # a sweep's cell: its own overrides
+    if c.job is not None and c.sweep_dir is not None:
         tags["reflact.job"] = str(c.job)
-        tags["reflact.cell"] = one_line(" ".join(c.overrides), 1000)
+        tags["reflact.cell"] = cell(c.sweep_dir, c.overrides)
     return tags
+
+
+def cell(sweep_dir, overrides: tuple[str, ...]) -> str:
+    """A sweep job's cell: its values of the keys the sweep varies (all its overrides when unknown)."""
+    swept = set(SweepDir(sweep_dir).identity().get("swept", {}))
+    own = [o for o in overrides if o.split("=", 1)[0].lstrip("+") in swept] if swept else list(overrides)
+    return one_line(" ".join(own), 1000)
 
 
 def _list_on_parent(store, c: RunContext, uri: str) -> None:
