@@ -64,7 +64,8 @@ def test_the_skill_is_read_by_alias_verbatim_and_the_patched_skill_comes_back_as
     assert {k: v2.tags[f"reflact.{k}"] for k in ("M", "L", "mode", "seed", "source_version", "edits_kept")} == {
         "M": "2", "L": "1", "mode": "patch", "seed": "42", "source_version": "prompts:/support/1",
         "edits_kept": str(len(edits))}
-    assert v2.commit_message.startswith(f"reflact: {len(edits)} kept from {len(edits)} minibatch(es) ({len(edits)} append)")
+    n = len(edits)
+    assert v2.commit_message.startswith(f"reflact: {n} kept from {n} minibatch(es) ({n} append); patch M2 L1 seed 42")
     # the candidate alias moved to it; production, the user's, did not
     assert client.get_prompt_version_by_alias("support", "reflact-candidate").version == 2
     assert client.get_prompt_version_by_alias("support", "production").version == 1
