@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from reflact.modes import get_mode
 from reflact.replies.apply import apply_edits
-from reflact.running.rundir import SweepDir
+from reflact.running.rundir import RunDir, SweepDir
 from reflact.text import one_line
 from reflact.tracking.process import RunContext
 
@@ -41,18 +41,28 @@ def patched_skill(c: RunContext) -> Patched | None:
     """The source skill with the run's kept items applied (None, said in a warning, when the mode
     has no text to register)."""
     assert c.dataset is not None  # a run registers only with its dataset
-    mode = get_mode(c.cfg.reflect.update_mode)
-    rows = [row for row in c.run_dir.kept_items() if not _LATER_DRAW.search(row["minibatch"])]
+    patched, why = patched_text(c.dataset.skill, c.run_dir, c.cfg.reflect.update_mode)
+    if patched is None:
+        log.warning("mlflow.register_skill: the run made %s; nothing registered (the run dir keeps them)", why)
+    return patched
+
+
+def patched_text(skill: str, run_dir: RunDir, update_mode: str) -> tuple[Patched | None, str]:
+    """(`skill` with the run dir's kept items applied in plan order, "") or (None, why not): patch
+    mode applies every kept edit (a further draw's are left out: they are alternatives), a full
+    rewrite is its one candidate, suggestions are no skill."""
+    mode = get_mode(update_mode)
+    rows = [row for row in run_dir.kept_items() if not _LATER_DRAW.search(row["minibatch"])]
     items = [row["item"] for row in rows]
     minibatches = len({row["minibatch"] for row in rows})
     if mode.name == "patch":
-        text, _ = apply_edits(c.dataset.skill, items)
-        return Patched(text, items, minibatches)
+        text, _ = apply_edits(skill, items)
+        return Patched(text, items, minibatches), ""
     if mode.full_rewrite and len(items) == 1:
-        return Patched(str(items[0].get("new_skill", "")), items, 1)
-    why = f"{len(items)} candidate skills, one per minibatch" if mode.full_rewrite else "suggestions, not a skill"
-    log.warning("mlflow.register_skill: the run made %s; nothing registered (the run dir keeps them)", why)
-    return None
+        return Patched(str(items[0].get("new_skill", "")), items, 1), ""
+    if mode.full_rewrite:
+        return None, f"{len(items)} candidate skills, one per minibatch"
+    return None, "suggestions, not a skill"
 
 
 def register_skill(store, c: RunContext) -> str | None:
