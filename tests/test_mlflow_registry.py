@@ -42,6 +42,7 @@ def versions(client: MlflowClient, name: str) -> list:
     return sorted(client.search_prompt_versions(name), key=lambda v: int(v.version))
 
 
+@pytest.mark.slow  # three runs
 def test_the_skill_is_read_by_alias_verbatim_and_the_patched_skill_comes_back_as_a_version(
     tmp_path, server, launch_dir, registered
 ):
@@ -152,6 +153,7 @@ def test_register_skill_with_a_skill_from_a_file_needs_a_name(tmp_path, server, 
                         run_dir=tmp_path / "run", launch_dir=launch_dir)
 
 
+@pytest.mark.slow  # two commands
 def test_on_the_command_line_a_missing_alias_or_a_file_store_is_rc_2_and_one_line(tmp_path, server, launch_dir,
                                                                                    registered):
     data = write_dataset(tmp_path / "d", n_fail=2, n_succ=0)

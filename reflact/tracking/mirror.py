@@ -20,10 +20,9 @@ from reflact.inputs.dataset import Dataset
 from reflact.prompting.prompts import SystemPrompts, content_hash, overrides_of
 from reflact.running.events import BatchNoted, MinibatchEnded, Planned
 from reflact.running.outcome import Outcome
-from reflact.running.rundir import SweepDir
 from reflact.running.summary import dataset_counts
 from reflact.text import one_line
-from reflact.tracking.nesting import PARENT_TAG, nest
+from reflact.tracking.nesting import PARENT_TAG, nest, parent_of
 from reflact.tracking.process import RunContext
 from reflact.tracking.provenance import edit_feedback
 from reflact.tracking.registry import register_skill
@@ -167,7 +166,7 @@ class Mirror:
         """Creates the run (replacing any earlier one of the run dir), RUNNING since the run's start;
         one its batch left SCHEDULED is taken up again instead (its params kept, new ones added)."""
         c = self.context
-        parent = self._parent()
+        parent = parent_of(self.store.uri, c)
         if parent:
             nest(self.store, parent)
         left = scheduled_run(self.store, c)
@@ -236,9 +235,8 @@ class Mirror:
         self.log(self._ending)
         if self.context.cfg.mlflow.trace_calls:
             _flush_traces()
-        if summary is not None and status == "FINISHED" and not self._handed_back:
-            self._handed_back = True  # once: a retried end does not write it again
-            hand_back(self.store, self.context)
+        if summary is not None and status == "FINISHED" and not self._handed_back:  # once, not on a retried end
+            self._handed_back = hand_back(self.store, self.context)
         end_run(self.store, status, end_ms or now_ms())
 
     def abandon(self, status: str, end_ms: int, why: str) -> None:
@@ -287,18 +285,8 @@ class Mirror:
         if c.sweep_dir is not None:
             tags["reflact.sweep_id"] = sweep_id(c.sweep_dir, c.launch_dir)
             tags["reflact.job"] = str(c.job)
-        parent = self._parent()
-        if parent:
-            tags[PARENT_TAG] = parent
-        return tags
-
-    def _parent(self) -> str:
-        """The run this one is a child of: its sweep's parent run, else mlflow.parent_run_id ("" if none)."""
-        c = self.context
-        if c.sweep_dir is not None:
-            parent = SweepDir(c.sweep_dir).parent_record()
-            return str(parent["run_id"]) if parent.get("tracking_uri") == self.store.uri else ""
-        return c.cfg.mlflow.parent_run_id or ""
+        parent = parent_of(self.store.uri, c)
+        return {**tags, PARENT_TAG: parent} if parent else tags
 
     def _kept_items_table(self) -> dict[str, dict[str, list]]:
         """The kept items as the table `kept_items.json` (none without kept items)."""
@@ -342,12 +330,12 @@ def link_prompts(store: Store, c: RunContext, system: SystemPrompts) -> None:
         log.warning("the templates could not be linked from MLflow's prompt registry: %s", one_line(exc))
 
 
-def hand_back(store: Store, c: RunContext) -> None:
+def hand_back(store: Store, c: RunContext) -> bool:
     """What a finished run gives back to MLflow beyond its own run: the patched skill as a version in
     the Prompt Registry (mlflow.register_skill) and a `reflact.edit` feedback on each source trace of
     a kept item (mlflow.edit_feedback). A registry or trace store that fails costs a warning."""
     if c.dataset is None or c.cfg.optimizer.dry_run:
-        return
+        return True
     if c.cfg.mlflow.register_skill:
         try:
             register_skill(store, c)
@@ -358,6 +346,7 @@ def hand_back(store: Store, c: RunContext) -> None:
             edit_feedback(store, c)
         except Exception as exc:
             log.warning("the reflact.edit feedback could not be written on the source traces: %s", one_line(exc))
+    return True
 
 
 def _flush_traces() -> None:

@@ -11,7 +11,9 @@ import sys
 from reflact.config import ReflactConfig
 from reflact.errors import UserError
 from reflact.imports import one_at_a_time
+from reflact.running.rundir import SweepDir
 from reflact.text import one_line
+from reflact.tracking.process import RunContext
 
 PARENT_TAG = "mlflow.parentRunId"
 
@@ -44,6 +46,15 @@ def check_parent(cfg: ReflactConfig, uri: str) -> None:
         raise UserError(f"mlflow.parent_run_id: no run {parent} in {uri} ({one_line(exc, 160)})") from None
     if run.info.lifecycle_stage != "active":
         raise UserError(f"mlflow.parent_run_id: the run {parent} in {uri} is deleted")
+
+
+def parent_of(uri: str, c: RunContext) -> str:
+    """The run a run is a child of: its sweep's parent run (when in the same store), else
+    mlflow.parent_run_id ("" if none)."""
+    if c.sweep_dir is not None:
+        parent = SweepDir(c.sweep_dir).parent_record()
+        return str(parent["run_id"]) if parent.get("tracking_uri") == uri else ""
+    return c.cfg.mlflow.parent_run_id or ""
 
 
 def nest(store, parent: str) -> None:

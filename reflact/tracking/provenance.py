@@ -29,7 +29,9 @@ def edit_feedback(store, c: RunContext) -> int:
     """Writes the missing feedback; returns how many were written."""
     with one_at_a_time():
         from mlflow.entities import AssessmentSource, Feedback
+        from mlflow.tracing.client import TracingClient
 
+    tracing = TracingClient(store.uri)
     traces: dict[str, set[tuple[str, str, str]] | None] = {}  # trace id -> its reflact.edit keys (None: no trace)
     written = 0
     for row in c.run_dir.kept_items():
@@ -39,7 +41,7 @@ def edit_feedback(store, c: RunContext) -> int:
             if not TRACE_ID.fullmatch(trace_id):
                 continue
             if trace_id not in traces:
-                traces[trace_id] = _held(store.tracing, trace_id)
+                traces[trace_id] = _held(tracing, trace_id)
             held = traces[trace_id]
             if held is None or key in held:
                 continue
@@ -51,7 +53,7 @@ def edit_feedback(store, c: RunContext) -> int:
                 rationale=f"kept by reflact run {store.run_id} from minibatch {key[0]} (item {key[1]})",
                 metadata=metadata,
             )
-            store.tracing.log_assessment(trace_id, feedback)
+            tracing.log_assessment(trace_id, feedback)
             held.add(key)
             written += 1
     if written:

@@ -186,11 +186,6 @@ class Store:
         # traces went through MLflow's tracer, whose failed exports it only logs: to be checked
         self.tracer_used = False
 
-    @property
-    def tracing(self):
-        """MLflow's tracing client of this store (traces, their assessments)."""
-        return self._tracing
-
     def retire(self, run_dir: Path, keep: str = "") -> None:
         """Ends and deletes every active run logged for `run_dir` before but `keep` (a rerun replaces its
         run, whatever moment the earlier process died at): one run dir, one active MLflow run."""
