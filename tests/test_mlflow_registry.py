@@ -109,6 +109,19 @@ def test_without_register_skill_nothing_is_registered(tmp_path, server, launch_d
     assert [int(v.version) for v in versions(registered, "support")] == [1]
 
 
+def test_the_dataset_input_names_the_prompt_version_it_read(tmp_path, server, launch_dir, registered):
+    registered.register_prompt(name="support", template=TEMPLATED + "- One more rule.\n")
+    data = write_dataset(tmp_path / "d", n_fail=2, n_succ=0)
+    digests = []
+    for version in (1, 2):  # the user moves production between the runs
+        registered.set_prompt_alias("support", "production", version)
+        done = reflact.reflect(data, overrides=settings(server, "data.skill=prompts:/support@production"),
+                               run_dir=tmp_path / f"run{version}", launch_dir=launch_dir)
+        (dataset_input,) = registered.get_run(done.mlflow_run_id).inputs.dataset_inputs
+        digests.append(dataset_input.dataset.digest)
+    assert digests[0] != digests[1]  # same folder, another skill: another input
+
+
 def test_a_skill_over_mlflows_limit_is_not_registered_and_one_warning_says_so(tmp_path, server, launch_dir, caplog):
     data = write_dataset(tmp_path / "d", n_fail=2, n_succ=0)
     (data / "skill.md").write_text(SKILL + "- filler line\n" * 8000)  # 112,000 characters

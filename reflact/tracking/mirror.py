@@ -8,6 +8,7 @@ from a finished run dir, so both write the same names and values.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass, field
@@ -309,7 +310,11 @@ def log_dataset(store: Store, c: RunContext, dataset: Dataset) -> None:
     conversations = [dataset.conversation_path(r.id) for r in dataset.results if r.id not in dataset.skipped]
     profile = dataset_counts(dataset, c.cfg.reflect)  # as summary.json counts
     folder = Path(c.cfg.data.dir).resolve() if c.cfg.data.dir else results.resolve()
-    store.log_dataset(folder.name, dataset_digest(skill, results, conversations), folder.as_uri(), profile)
+    digest = dataset_digest(skill, results, conversations)
+    if dataset.source is not None:  # the skill is a prompt version, not a file: its name and version
+        source = f"{digest}/{dataset.source.name}/{dataset.source.version}"
+        digest = hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
+    store.log_dataset(folder.name, digest, folder.as_uri(), profile)
 
 
 def link_prompts(store: Store, c: RunContext, system: SystemPrompts) -> None:
