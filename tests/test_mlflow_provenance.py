@@ -50,15 +50,19 @@ def traced(tmp_path, launch_dir):
     a trace but is none, and one plain id: all failures."""
     uri = f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}"
     ids = log_agent_traces(uri, 4)
-    data = write_dataset(tmp_path / "d", n_fail=6, n_succ=0)
+    return dataset_with_ids(tmp_path / "d", [*ids, "tr-" + "0" * 32, "plain_id"]), uri, ids
+
+
+def dataset_with_ids(folder, ids: list[str]):
+    """A dataset folder of failures whose task ids are `ids` (as the traces importer names them)."""
+    data = write_dataset(folder, n_fail=len(ids), n_succ=0)
     results = [json.loads(line) for line in (data / "results.jsonl").read_text().splitlines()]
-    renamed = {r["id"]: new for r, new in zip(sorted(results, key=lambda r: r["id"]),
-                                              [*ids, "tr-" + "0" * 32, "plain_id"], strict=True)}
+    renamed = {r["id"]: new for r, new in zip(sorted(results, key=lambda r: r["id"]), ids, strict=True)}
     for row in results:
         (data / "predictions" / row["id"]).rename(data / "predictions" / renamed[row["id"]])
         row["id"] = renamed[row["id"]]
     (data / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
-    return data, uri, ids
+    return data
 
 
 def feedback_on(client: MlflowClient, trace_id: str) -> list:

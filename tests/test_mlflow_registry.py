@@ -13,7 +13,8 @@ from mlflow import MlflowClient
 
 import reflact
 from reflact.errors import UserError
-from tests.conftest import SKILL, ok, output, run_cli, write_dataset
+from tests.conftest import SKILL, ok, output, run_cli, start_mlflow_server, stop, write_dataset
+from tests.test_mlflow_provenance import dataset_with_ids, log_agent_traces
 
 # a skill as users keep them in the registry: template variables that must never be formatted
 TEMPLATED = SKILL.replace("## Orders", "## Orders for {{ customer }}\n- Greet {{customer.name}} by name.")
@@ -209,3 +210,29 @@ def test_a_sweep_registers_one_version_per_job_with_an_alias_per_cell_listed_on_
     (parent,) = client.search_runs([experiment], filter_string="tags.`reflact.sweep_parent` = 'true'")
     listed = {v for k, v in parent.data.tags.items() if k.startswith("reflact.skill_version.")}
     assert listed == {f"prompts:/support/{v.version}" for v in new}
+
+
+@pytest.mark.slow  # a real tracking server
+def test_through_a_tracking_server_the_skill_comes_and_goes_back_and_the_traces_get_their_feedback(
+    tmp_path, server, migrated_store
+):
+    proc, url = start_mlflow_server(tmp_path, migrated_store)
+    try:
+        client = MlflowClient(tracking_uri=url, registry_uri=url)
+        client.register_prompt(name="support", template=TEMPLATED)
+        client.set_prompt_alias("support", "production", 1)
+        traces = log_agent_traces(url, 2)
+        data = dataset_with_ids(tmp_path / "d", traces)
+        done = reflact.reflect(data, overrides=settings(server, "data.skill=prompts:/support@production",
+                                                        "mlflow.register_skill=true", f"mlflow.tracking_uri={url}"),
+                               run_dir=tmp_path / "run", launch_dir=tmp_path)
+        assert done.status == "FINISHED"
+        v2 = client.get_prompt_version_by_alias("support", "reflact-candidate")
+        assert int(v2.version) == 2 and v2.tags["reflact.run_id"] == done.mlflow_run_id
+        assert "{{ customer }}" in v2.template
+        assert client.get_prompt_version_by_alias("support", "production").version == 1
+        for trace_id in traces:  # both in the one minibatch of two: one feedback each
+            (feedback,) = [a for a in client.get_trace(trace_id).info.assessments if a.name == "reflact.edit"]
+            assert feedback.metadata["run_id"] == done.mlflow_run_id
+    finally:
+        stop(proc)
