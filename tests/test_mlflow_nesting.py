@@ -26,7 +26,9 @@ def test_reflect_inside_an_active_run_is_its_child_in_its_store_and_experiment(t
     before = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
     try:
-        experiment = mlflow.set_experiment("my agent").experiment_id
+        # its artifacts under tmp_path (MLflow's default is ./mlruns of the current directory)
+        experiment = mlflow.create_experiment("my agent", artifact_location=(tmp_path / "art").as_uri())
+        mlflow.set_experiment(experiment_id=experiment)
         with mlflow.start_run() as outer:
             done = reflact.reflect(data, overrides=settings(server), run_dir=tmp_path / "run", launch_dir=tmp_path)
             assert mlflow.active_run().info.run_id == outer.info.run_id  # the caller's run is still its own
@@ -49,7 +51,7 @@ def test_without_an_active_run_nothing_is_nested(tmp_path, server, launch_dir):
 @pytest.mark.slow  # a run and a sweep on the command line
 def test_parent_run_id_on_the_command_line_nests_a_run_and_a_sweeps_parent(tmp_path, server, launch_dir):
     client = MlflowClient(tracking_uri=f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}")
-    experiment = client.create_experiment("pipeline")
+    experiment = client.create_experiment("pipeline", artifact_location=(tmp_path / "art").as_uri())
     outer = client.create_run(experiment).info.run_id
     data = write_dataset(tmp_path / "d", n_fail=4, n_succ=0)
     base = [f"data.dir={data}", *settings(server)]

@@ -20,11 +20,12 @@ def follows_a_rule(outputs, expectations) -> bool:
 
 
 @pytest.fixture
-def store(launch_dir):
+def store(launch_dir, tmp_path):
     """The global tracking URI (optimize_prompts writes there) on a migrated sqlite store."""
     before = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}")
-    mlflow.set_experiment("optimize")
+    # its artifacts under tmp_path (MLflow's default is ./mlruns of the current directory)
+    mlflow.set_experiment(experiment_id=mlflow.create_experiment("optimize", (tmp_path / "art").as_uri()))
     yield
     mlflow.set_tracking_uri(before)
 

@@ -5,6 +5,7 @@ trace of the store is left alone."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -21,12 +22,14 @@ def settings(server, *extra):
             "reflect.minibatch_size=2", "reflect.edit_budget=1", *extra]
 
 
-def log_agent_traces(uri: str, n: int) -> list[str]:
+def log_agent_traces(uri: str, n: int, artifacts: Path | None = None) -> list[str]:
     """`n` agent runs as MLflow traces (an AGENT root with a CHAT_MODEL span), as users' agents log them."""
     before = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
     try:
-        experiment = mlflow.set_experiment("agents").experiment_id
+        # a local store's artifacts under `artifacts` (MLflow's default is ./mlruns of the current directory)
+        experiment = mlflow.create_experiment("agents", artifacts.as_uri() if artifacts else None)
+        mlflow.set_experiment(experiment_id=experiment)
         ids = []
         for i in range(n):
             with mlflow.start_span(name="agent", span_type="AGENT") as root:
@@ -49,7 +52,7 @@ def traced(tmp_path, launch_dir):
     """A dataset folder whose task ids are the ids of four logged traces, one more id that looks like
     a trace but is none, and one plain id: all failures."""
     uri = f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}"
-    ids = log_agent_traces(uri, 4)
+    ids = log_agent_traces(uri, 4, tmp_path / "art")
     return dataset_with_ids(tmp_path / "d", [*ids, "tr-" + "0" * 32, "plain_id"]), uri, ids
 
 
