@@ -123,6 +123,23 @@ def test_the_dataset_input_names_the_prompt_version_it_read(tmp_path, server, la
     assert digests[0] != digests[1]  # same folder, another skill: another input
 
 
+def test_a_full_rewrite_registers_its_one_candidate_and_suggestions_register_nothing(tmp_path, server, launch_dir,
+                                                                                     caplog):
+    data = write_dataset(tmp_path / "d", n_fail=2, n_succ=0)
+    reflact.reflect(data, overrides=settings(server, "reflect.update_mode=full_rewrite", "mlflow.register_skill=true",
+                                             "mlflow.skill_name=rewritten"),
+                    run_dir=tmp_path / "full", launch_dir=launch_dir)
+    _, client = store_of(launch_dir)
+    (v1,) = versions(client, "rewritten")
+    assert v1.template == "# Skill\n- be careful\n" and v1.tags["reflact.mode"] == "full_rewrite_minibatch"
+    with caplog.at_level(logging.WARNING, logger="reflact"):
+        reflact.reflect(data, overrides=settings(server, "reflect.update_mode=rewrite", "mlflow.register_skill=true",
+                                                 "mlflow.skill_name=suggested"),
+                        run_dir=tmp_path / "suggestions", launch_dir=launch_dir)
+    assert any("suggestions, not a skill; nothing registered" in r.getMessage() for r in caplog.records)
+    assert client.search_prompts(filter_string="name = 'suggested'") == []
+
+
 def test_a_skill_over_mlflows_limit_is_not_registered_and_one_warning_says_so(tmp_path, server, launch_dir, caplog):
     data = write_dataset(tmp_path / "d", n_fail=2, n_succ=0)
     (data / "skill.md").write_text(SKILL + "- filler line\n" * 8000)  # 112,000 characters
