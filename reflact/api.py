@@ -90,6 +90,7 @@ def _reflect(
     from reflact.config import from_hydra
     from reflact.experiment import Launch
     from reflact.running.newdir import discarded_on_mistake, make
+    from reflact.tracking.nesting import under_active_run
 
     # a folder made here goes again when a mistake stops the run before any call
     with discarded_on_mistake(make(folder, "run_dir"), {"inputs"}):
@@ -97,6 +98,7 @@ def _reflect(
             inputs.write(cfg, folder / "inputs")
         elif data is not None:
             cfg.data.dir = str(Path(data).resolve())
+        under_active_run(cfg)  # inside `with mlflow.start_run():`, a child of that run
         with as_user_error():
             cfg, params = from_hydra(_structured(cfg))
         with _logging_shown(), environment_kept("MLFLOW_"):

@@ -276,6 +276,19 @@ class MlflowConfig:
     # logs the run later (a local sqlite store busy with a sweep's other jobs, not failing, gets
     # at least 120 s)
     deadline_s: float = 10.0
+    # the patched skill registered as a new version in MLflow's Prompt Registry, linked to the run:
+    # of the prompt data.skill names (prompts:/name@alias), else of skill_name (a skill from a file)
+    register_skill: bool = False
+    # the prompt to register a skill from a file under (a registry skill keeps its own name)
+    skill_name: str | None = None
+    # the one alias reflact moves (to the version it registers); production, champion... never.
+    # Per sweep cell: reflact-M${reflect.minibatch_size}-L${reflect.edit_budget}
+    skill_alias: str = "reflact-candidate"
+    # the run this one becomes a child of (a sweep: its parent run); in Python, an active
+    # `mlflow.start_run()` is the parent unless this is set
+    parent_run_id: str | None = None
+    # a `reflact.edit` feedback on each trace of a kept edit's minibatch (task ids that are traces)
+    edit_feedback: bool = True
 
 
 class Matcher(Enum):
@@ -554,6 +567,7 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     _check_execution(cfg.optimizer)
     _check_optimizer_urls(cfg.optimizer)
     _check_mlflow(cfg.mlflow)
+    _check_registering(cfg)
     _check_analysis(cfg)
     _check_optimized_metric(cfg.optimized_metric, cfg.reflect)
     cfg.optimizer.prices = {model: _price(model, value) for model, value in cfg.optimizer.prices.items()}
@@ -781,6 +795,31 @@ def _check_mlflow(m: MlflowConfig) -> None:
         except ValueError:
             raise UserError("mlflow.tracking_uri is not a valid URI (check its brackets)") from None
         _refuse_credentials(parts, "mlflow.tracking_uri", hint, path_too=False)
+
+
+# what MLflow takes as a prompt's name and an alias: letters, digits, - _ . (an alias no dots)
+_PROMPT_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_ALIAS = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _check_registering(cfg: ReflactConfig) -> None:
+    """The Prompt Registry settings: a name to register under, an alias MLflow takes."""
+    m = cfg.mlflow
+    if m.parent_run_id is not None and not re.fullmatch(r"[A-Za-z0-9_-]+", m.parent_run_id):
+        raise UserError(f"mlflow.parent_run_id must be an MLflow run id, got {_shown(m.parent_run_id)!r}")
+    if m.skill_name is not None and not _PROMPT_NAME.fullmatch(m.skill_name):
+        raise UserError(f"mlflow.skill_name must be a prompt name (letters, digits, -_.), got {_shown(m.skill_name)!r}")
+    if not _ALIAS.fullmatch(m.skill_alias or "") or m.skill_alias == "latest":
+        raise UserError(
+            f"mlflow.skill_alias must be an alias (letters, digits, - _; not latest), got {_shown(m.skill_alias)!r}"
+        )
+    from_registry = (cfg.data.skill or "").startswith("prompts:/")
+    if m.register_skill and not from_registry and not m.skill_name:
+        raise UserError(
+            "mlflow.register_skill=true: the skill comes from a file; name its prompt with mlflow.skill_name=..."
+        )
+    if m.register_skill and not m.enabled:
+        raise UserError("mlflow.register_skill=true needs mlflow.enabled=true (the version is linked to the run)")
 
 
 def _check_url(value: str, key: str, example: str, hint: str) -> None:

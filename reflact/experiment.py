@@ -28,7 +28,9 @@ from reflact.running.rundir import RunDir, SweepDir, locked
 from reflact.running.stage import Stage
 from reflact.running.summary import run_status, summarize, usd
 from reflact.tracking.live import LiveRun
+from reflact.tracking.nesting import check_parent
 from reflact.tracking.process import RunContext, SpareTracker
+from reflact.tracking.store import tracking_uri
 
 if TYPE_CHECKING:  # batch execution's modules come with the OpenAI SDK: imported when a run batches
     from reflact.running.batch import Batching
@@ -66,7 +68,9 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
     """Everything that can be wrong with the inputs is found before the first call, and before
     `record_config` writes the run's config beside its outputs (a bad rerun changes nothing)."""
     started_at = time.time()
-    dataset = load_dataset(cfg.data)
+    dataset = load_dataset(cfg.data, tracking_uri(cfg, launch.launch_dir))
+    if launch.sweep_dir is None:  # a sweep's jobs are children of its parent run, checked as it opened
+        check_parent(cfg, tracking_uri(cfg, launch.launch_dir))
     batching = batching_for(cfg, dataset, run_dir, launch) if cfg.optimizer.execution is Execution.batch else None
     optimizer = make_optimizer(cfg, launch.launch_dir, dataset.skill, gate=batching.gate if batching else None)
     stage = Stage(cfg, dataset, optimizer, run_dir, signals=launch.signals)

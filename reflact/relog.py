@@ -202,7 +202,7 @@ def _inputs(cfg):
     from reflact.prompting.prompts import overrides_of, resolve_system_prompts
 
     try:
-        dataset = load_dataset(cfg.data)
+        dataset = load_dataset(cfg.data, cfg.mlflow.tracking_uri)  # _saved_config set the store
     except UserError as exc:
         log.info("the dataset is not logged as an input: %s", exc)
         dataset = None

@@ -22,6 +22,7 @@ from typing import Any, BinaryIO, cast
 
 from reflact.config import DataConfig, OnBadConversation, dataset_paths
 from reflact.errors import UserError
+from reflact.inputs.registry import RegisteredSkill, is_prompt_uri, load_registered_skill
 
 EXTRA_FILES = ("target_system_prompt", "target_user_prompt", "spreadsheet_preview")
 MAX_JSON_DEPTH = 200  # far beyond real logs, far below what the JSON codec's recursion survives
@@ -111,6 +112,7 @@ class Dataset:
     skipped: dict[str, str] = field(default_factory=dict)  # id -> why it is not shown
     root: Folder | None = None  # the predictions folder no conversation or extras file may leave
     paths: tuple[Path, ...] = ()  # (skill, results) as read
+    source: RegisteredSkill | None = None  # the prompt version the skill came from (data.skill=prompts:/...)
 
     def conversation_path(self, run_id: str) -> Path:
         return self.predictions / run_id / "conversation.json"
@@ -123,14 +125,16 @@ class Trajectory:
     extras: dict[str, str]
 
 
-def load_dataset(data: DataConfig) -> Dataset:
+def load_dataset(data: DataConfig, store_uri: str | None = None) -> Dataset:
+    """`store_uri`: the run's MLflow store, whose Prompt Registry a `prompts:/` skill is read from."""
     if data.dir and not Path(data.dir).is_dir():
         raise UserError(f"data.dir: no such folder: {data.dir}")
     skill_path, results_path, predictions = dataset_paths(data)
     # files found inside data.dir stay in it; paths given one by one are the user's choice
     base = Folder.of(Path(data.dir)) if data.dir else None
     max_bytes = _max_bytes(data.max_file_mb)
-    skill = read_text(skill_path, "data.skill", max_bytes, root=None if data.skill else base)
+    source = _registered(data, store_uri, max_bytes)
+    skill = source.text if source else read_text(skill_path, "data.skill", max_bytes, root=None if data.skill else base)
     root = _predictions_root(data, predictions)
     name_max = _name_max(root.real)
     results = load_results(results_path, max_bytes, root=None if data.results else base, name_max=name_max)
@@ -143,6 +147,7 @@ def load_dataset(data: DataConfig) -> Dataset:
         max_bytes=max_bytes,
         root=root,
         paths=(skill_path, results_path),
+        source=source,
     )
     for result in results:
         problem = check_conversation(dataset.conversation_path(result.id), max_bytes, root)
@@ -153,6 +158,14 @@ def load_dataset(data: DataConfig) -> Dataset:
             raise UserError(f"{message} (set data.on_bad_conversation=skip to skip such runs)")
         dataset.skipped[result.id] = message
     return dataset
+
+
+def _registered(data: DataConfig, store_uri: str | None, max_bytes: int) -> RegisteredSkill | None:
+    if not is_prompt_uri(data.skill):
+        return None
+    if store_uri is None:
+        raise UserError(f"data.skill: {data.skill} is read from an MLflow store, and none is known here")
+    return load_registered_skill(str(data.skill), store_uri, max_bytes)
 
 
 def _max_bytes(max_file_mb: object) -> int:

@@ -27,6 +27,7 @@ from reflact.inputs.dataset import Dataset, load_dataset
 from reflact.launch import LaunchDir
 from reflact.running.batch_requests import Unit
 from reflact.running.rundir import SweepDir
+from reflact.tracking.store import tracking_uri
 
 if TYPE_CHECKING:  # batch execution comes with the OpenAI SDK: imported when a job batches
     from reflact.running.batch import Batching
@@ -94,7 +95,7 @@ def _unit(job: DictConfig, datasets: dict[str, Dataset]) -> Unit | None:
         cfg = from_hydra(OmegaConf.masked_copy(job, [str(k) for k in job if k != "hydra"]))[0]
         data = repr(cfg.data)
         if data not in datasets:
-            datasets[data] = load_dataset(cfg.data)
+            datasets[data] = load_dataset(cfg.data, tracking_uri(cfg, Path.cwd()))  # the sweep's launch dir
     except UserError:
         return None
     return Unit(cfg, datasets[data], run_dir.resolve())

@@ -113,12 +113,17 @@ class MlflowSweep(Callback):
         return needs_relog(jobs, sweep.root)
 
     def _start_parent(self, config: DictConfig, sweep_dir: Path, launch_dir: Path, fixed: dict, swept: dict) -> None:
+        from reflact.tracking.nesting import check_parent, nest
         from reflact.tracking.store import Store, tracking_uri
 
         cfg = _typed(config)
         store = Store(tracking_uri(cfg, launch_dir), cfg.mlflow.experiment, launch_dir)
         sweep = SweepDir(sweep_dir)
-        open_parent(store, sweep, launch_dir, str(config.name), {**fixed, **listed(swept)})
+        parent = cfg.mlflow.parent_run_id
+        if parent:  # the sweep's parent run is the child of that run, in its experiment
+            check_parent(cfg, store.uri)
+            nest(store, parent)
+        open_parent(store, sweep, launch_dir, str(config.name), {**fixed, **listed(swept)}, parent)
         self._open = (store, sweep)
         atexit.register(self._end_if_open)  # a sweep that aborts (a failed job, Ctrl-C) still ends its parent
 
@@ -165,7 +170,9 @@ class MlflowSweep(Callback):
         store.end(status, now_ms())
 
 
-def open_parent(store, sweep: SweepDir, launch_dir: Path, name: str, params: dict[str, str]) -> None:
+def open_parent(
+    store, sweep: SweepDir, launch_dir: Path, name: str, params: dict[str, str], parent: str | None = None
+) -> None:
     """The sweep's parent run in `store` (its id then `store.run_id`), RUNNING: the one its dir
     names when that is still there (the same sweep again), else a new one, named in the dir."""
     from reflact.tracking.store import sweep_id
@@ -176,7 +183,9 @@ def open_parent(store, sweep: SweepDir, launch_dir: Path, name: str, params: dic
         store.client.update_run(store.run_id, status="RUNNING")
         return
     sid = sweep_id(sweep.root, launch_dir)
-    store.create(f"sweep {name}", {"reflact.sweep_id": sid, "reflact.sweep_parent": "true"}, now_ms())
+    tags = {"reflact.sweep_id": sid, "reflact.sweep_parent": "true"}
+    tags.update({"mlflow.parentRunId": parent} if parent else {})
+    store.create(f"sweep {name}", tags, now_ms())
     sweep.write_parent_record({"run_id": store.run_id, "tracking_uri": store.uri, "sweep_id": sid})
     store.log_params(params)
     log.info("MLflow parent run %s for sweep %s", store.run_id, sid)

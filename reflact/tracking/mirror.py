@@ -8,6 +8,7 @@ from a finished run dir, so both write the same names and values.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass, field
@@ -21,11 +22,14 @@ from reflact.modes import get_mode
 from reflact.prompting.prompts import SystemPrompts, content_hash, overrides_of
 from reflact.running.events import BatchNoted, MinibatchEnded, Planned
 from reflact.running.outcome import Outcome
-from reflact.running.rundir import RunDir, SweepDir
+from reflact.running.rundir import RunDir
 from reflact.running.summary import dataset_counts
 from reflact.text import one_line
 from reflact.tracking.description import Setting, note_tags, run_description
+from reflact.tracking.nesting import PARENT_TAG, nest, parent_of
 from reflact.tracking.process import RunContext
+from reflact.tracking.provenance import edit_feedback
+from reflact.tracking.registry import register_skill
 from reflact.tracking.store import (
     METRICS_PER_WRITE,
     OPENING_METRIC,
@@ -162,11 +166,15 @@ class Mirror:
         self._ending: Batch | None = None  # the end's write, once made (what a failed try left of it)
         self.batches = Batches()
         self.setting = run_setting(context.cfg.reflect, context.cfg.optimizer)  # what its description names
+        self._handed_back = False  # the patched skill registered, the source traces given their feedback
 
     def open(self) -> str:
         """Creates the run (replacing any earlier one of the run dir), RUNNING since the run's start;
         one its batch left SCHEDULED is taken up again instead (its params kept, new ones added)."""
         c = self.context
+        parent = parent_of(self.store.uri, c)
+        if parent:
+            nest(self.store, parent)
         left = scheduled_run(self.store, c)
         self.store.retire(c.run_dir.root, keep=left)
         hashes = c.template_hashes or (c.system.hashes() if c.system is not None else {})
@@ -234,6 +242,8 @@ class Mirror:
         self.log(self._ending)
         if self.context.cfg.mlflow.trace_calls:
             _flush_traces()
+        if summary is not None and status == "FINISHED" and not self._handed_back:  # once, not on a retried end
+            self._handed_back = hand_back(self.store, self.context)
         end_run(self.store, status, end_ms or now_ms())
 
     def abandon(self, status: str, end_ms: int, why: str) -> None:
@@ -286,10 +296,8 @@ class Mirror:
         if c.sweep_dir is not None:
             tags["reflact.sweep_id"] = sweep_id(c.sweep_dir, c.launch_dir)
             tags["reflact.job"] = str(c.job)
-            parent = SweepDir(c.sweep_dir).parent_record()
-            if parent.get("tracking_uri") == self.store.uri:
-                tags["mlflow.parentRunId"] = parent["run_id"]
-        return tags
+        parent = parent_of(self.store.uri, c)
+        return {**tags, PARENT_TAG: parent} if parent else tags
 
 
 def kept_items_table(run_dir: RunDir) -> dict[str, dict[str, list]]:
@@ -318,7 +326,11 @@ def log_dataset(store: Store, c: RunContext, dataset: Dataset) -> None:
     conversations = [dataset.conversation_path(r.id) for r in dataset.results if r.id not in dataset.skipped]
     profile = dataset_counts(dataset, c.cfg.reflect)  # as summary.json counts
     folder = Path(c.cfg.data.dir).resolve() if c.cfg.data.dir else results.resolve()
-    store.log_dataset(folder.name, dataset_digest(skill, results, conversations), folder.as_uri(), profile)
+    digest = dataset_digest(skill, results, conversations)
+    if dataset.source is not None:  # the skill is a prompt version, not a file: its name and version
+        source = f"{digest}/{dataset.source.name}/{dataset.source.version}"
+        digest = hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
+    store.log_dataset(folder.name, digest, folder.as_uri(), profile)
 
 
 def link_prompts(store: Store, c: RunContext, system: SystemPrompts) -> None:
@@ -337,6 +349,25 @@ def link_prompts(store: Store, c: RunContext, system: SystemPrompts) -> None:
             store.link_prompt(name, text, content_hash(text))
     except Exception as exc:  # the template hashes are params either way
         log.warning("the templates could not be linked from MLflow's prompt registry: %s", one_line(exc))
+
+
+def hand_back(store: Store, c: RunContext) -> bool:
+    """What a finished run gives back to MLflow beyond its own run: the patched skill as a version in
+    the Prompt Registry (mlflow.register_skill) and a `reflact.edit` feedback on each source trace of
+    a kept item (mlflow.edit_feedback). A registry or trace store that fails costs a warning."""
+    if c.dataset is None or c.cfg.optimizer.dry_run:
+        return True
+    if c.cfg.mlflow.register_skill:
+        try:
+            register_skill(store, c)
+        except Exception as exc:  # the run dir keeps the edits: a warning, not the run
+            log.warning("the patched skill could not be registered in MLflow's Prompt Registry: %s", one_line(exc))
+    if c.cfg.mlflow.edit_feedback:
+        try:
+            edit_feedback(store, c)
+        except Exception as exc:
+            log.warning("the reflact.edit feedback could not be written on the source traces: %s", one_line(exc))
+    return True
 
 
 def _flush_traces() -> None:
