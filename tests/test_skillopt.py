@@ -1,7 +1,7 @@
 """reflact as SkillOpt's reflect stage (reflact.compat.skillopt), proven with SkillOpt itself.
 
 SkillOpt 0.2.0 (a test-only dependency) reads reflact's patches with its own code: the trainer's
-support counts (`_normalise_patches`, from `batch_size`) and failure patterns
+support counts (`_normalise_patches`, from `batch_size`, given with `support_counts=True`) and failure patterns
 (`_extract_failure_patterns`, from `failure_summary` in minibatch_fail_*.json), and its
 `merge_patches`. Its wheel ships no prompt files: its `load_prompt` gets a stand-in template of
 ours. Every model call, reflact's and SkillOpt's merge calls, goes to the loopback test server.
@@ -54,20 +54,18 @@ def test_skillopt_reads_support_counts_and_failure_descriptions_from_reflacts_pa
     data, results, skill = inputs(tmp_path)
     step_dir = tmp_path / "step_1"
     patches = run_minibatch_reflect(results, skill, str(data / "predictions"), str(step_dir / "patches"), 4, False,
-                                    minibatch_size=4, edit_budget=2, random_seed=3)
+                                    minibatch_size=4, edit_budget=2, random_seed=3, support_counts=True)
     assert len(patches) == 3 + 2  # ceil(11/4) failure and ceil(6/4) success minibatches, in plan order
     assert [p["source_type"] for p in patches] == ["failure"] * 3 + ["success"] * 2
     assert sorted(f.name for f in (step_dir / "patches").iterdir()) == [
         "minibatch_fail_000.json", "minibatch_fail_001.json", "minibatch_fail_002.json",
         "minibatch_succ_000.json", "minibatch_succ_001.json"]
-    supports = {p["trajectory_ids"][0]: len(p["trajectory_ids"]) for p in patches}
 
     failure, success = trainer._normalise_patches(patches, "patch")
     assert len(failure) == 3 and len(success) == 2
     for inner in failure + success:
-        for item in inner["edits"]:
-            first_id = item["content"].split(" from ")[1].split(", ")[0]
-            assert item["support_count"] == supports[first_id]  # the minibatch's analysed trajectories
+        for item in inner["edits"]:  # the stand-in's edit names the minibatch's trajectories
+            assert item["support_count"] == len(item["content"].split(" from ")[1].split(", "))
     assert sorted(item["support_count"] for inner in failure for item in inner["edits"]) == [3, 3, 4, 4, 4, 4]
 
     patterns = trainer._extract_failure_patterns(results, str(step_dir))
@@ -80,8 +78,7 @@ def test_skillopt_merges_reflacts_patches_and_keeps_their_support(tmp_path, endp
 
     data, results, skill = inputs(tmp_path)
     patches = run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 4, False,
-                                    minibatch_size=4, edit_budget=2, random_seed=3)
-    supports = {p["trajectory_ids"][0]: p["batch_size"] for p in patches}
+                                    minibatch_size=4, edit_budget=2, random_seed=3, support_counts=True)
     failure, success = trainer._normalise_patches(patches, "patch")
     monkeypatch.setattr(aggregate, "load_prompt", lambda name, env=None: f"Merge the {name} patches into one.")
     skillopt_model.configure_azure_openai(endpoint=endpoint.base_url, api_key="dummy", auth_mode="openai_compatible")
@@ -91,7 +88,7 @@ def test_skillopt_merges_reflacts_patches_and_keeps_their_support(tmp_path, endp
     assert endpoint.count > before  # SkillOpt's own merge calls reached the test server
     assert len(merged["edits"]) == 2 * len(patches)  # every kept edit, failures first (its fallback merge)
     for item in merged["edits"]:
-        assert item["support_count"] == supports[item["content"].split(" from ")[1].split(", ")[0]]
+        assert item["support_count"] == len(item["content"].split(" from ")[1].split(", ")) > 1
 
 
 @pytest.mark.slow
