@@ -266,3 +266,65 @@ def test_an_unknown_appendix_source_is_one_clear_error(tmp_path, server):
         run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 1, False,
                               skill_aware_reflection=True, skill_aware_appendix_source="neither",
                               overrides=[*NO_MLFLOW, f"optimizer.base_url={server.base_url}", "optimizer.model=t"])
+
+
+# ---------------------------------------------------------- the patch files, as SkillOpt's own reflect writes them
+
+SUGGESTION = {"type": "clarify", "title": "Units", "motivation": "seen", "instruction": "Say cents.",
+              "priority_hint": "high"}
+CANDIDATE = {"title": "tighter", "change_summary": ["cents"], "new_skill": "# Skill\n- Amounts are in cents.\n"}
+REPLIES = {  # (mode, group) -> the model's reply; a failure of execution lapses only sends notes and no patch
+    ("rewrite_from_suggestions", "failure"): {"appendix_notes": ["Re-read the status line."]},
+    ("rewrite_from_suggestions", "success"): {"patch": {"reasoning": "r", "revise_suggestions": [SUGGESTION]},
+                                              "appendix_notes": []},
+    ("full_rewrite_minibatch", "failure"): {"failure_summary": [{"failure_type": "units", "count": 2,
+                                                                 "description": "cents"}],
+                                            "patch": {"reasoning": "r", "skill_candidates": [CANDIDATE]}},
+    ("full_rewrite_minibatch", "success"): {"patch": {"reasoning": "r", "skill_candidates": [CANDIDATE]}},
+    ("patch", "failure"): {"patch": {"reasoning": "r", "edits": [{"op": "append", "content": "- é cents"}]},
+                           "appendix_notes": [{"note": " Check units. "}, ""]},
+    ("patch", "success"): {"patch": {"reasoning": "r", "edits": [{"op": "append", "content": "- keep it"}]}},
+    ("rewrite", "failure"): {"patch": {"reasoning": "r", "revise_suggestions": [SUGGESTION]}},  # no notes sent
+    ("rewrite", "success"): {"appendix_notes": "not a lapse", "patch": {"reasoning": "r", "revise_suggestions": []}},
+}
+
+
+@pytest.mark.parametrize("mode,source", [("rewrite_from_suggestions", "both"), ("full_rewrite_minibatch", "both"),
+                                         ("patch", "failure_only"), ("rewrite", "both")])
+def test_the_patch_files_are_byte_for_byte_skillopts_for_the_same_replies(tmp_path, skillopt_settings, mode, source):
+    """SkillOpt's lapse-only carrier (its wording, its `edits` key in every mode), `appendix_notes` set
+    whenever skill-aware is on (full rewrite included; successes not with `failure_only`), none of
+    reflact's bookkeeping, SkillOpt's JSON layout: the files its trainer reads are the ones it would write."""
+    from skillopt.optimizer.skill_aware import configure_skill_aware_reflection
+
+    from reflact.testing.optimizer_server import OptimizerServer, Response, chat_body
+
+    def script(request, number):
+        group = "failure" if "ROLE failure" in request["messages"][0]["content"] else "success"
+        return Response(body=chat_body(json.dumps(REPLIES[mode, group])))
+
+    data, results, skill = inputs(tmp_path, n_fail=2, n_succ=2)
+    results.sort(key=lambda r: r["id"])  # reflact sorts before its seeded shuffle; SkillOpt keeps the order given
+    args = (results, skill, str(data / "predictions"))
+    kwargs = dict(minibatch_size=2, edit_budget=2, random_seed=1, update_mode=mode,
+                  error_system="ROLE failure: answer in JSON.", success_system="ROLE success: answer in JSON.")
+    with OptimizerServer(script=script) as server:
+        configure(skillopt_settings, server.base_url, "openai_compatible")
+        configure_skill_aware_reflection(True, source)
+        skillopt_reflect.run_minibatch_reflect(*args, str(tmp_path / "theirs"), 1, False, **kwargs)
+        ours = run_minibatch_reflect(*args, str(tmp_path / "ours"), 1, False, **kwargs, overrides=NO_MLFLOW)
+
+    names = ["minibatch_fail_000.json", "minibatch_succ_000.json"]
+    assert sorted(p.name for p in (tmp_path / "theirs").iterdir()) == names
+    for name, patch in zip(names, ours, strict=True):
+        theirs = (tmp_path / "theirs" / name).read_bytes()
+        assert (tmp_path / "ours" / name).read_bytes() == theirs, name
+        assert json.loads(theirs) == patch  # and what reflact returns to the trainer is that patch
+    if mode == "rewrite_from_suggestions":
+        assert ours[0]["patch"] == {"reasoning": "execution-lapse only", "edits": []}
+    if mode == "full_rewrite_minibatch":
+        assert [list(p)[-2:] for p in ours] == [["source_type", "appendix_notes"]] * 2
+    if source == "failure_only":
+        assert "appendix_notes" in ours[0] and "appendix_notes" not in ours[1]
+    if mode == "rewrite":  # notes the model did not send: after source_type, as SkillOpt assigns them
+        assert list(ours[0])[-2:] == ["source_type", "appendix_notes"] and ours[1]["appendix_notes"] == ["not a lapse"]
