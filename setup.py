@@ -9,7 +9,8 @@ imported: reflact/shipped.py finds them in the wheel's layout or in a checkout's
 
 from setuptools import find_namespace_packages, setup
 
-DATA_PACKAGES = {"reflact._conf": "conf", "reflact._prompts": "prompts", "reflact._demo": "examples/demo"}
+DATA_PACKAGES = {"reflact._conf": "conf", "reflact._prompts": "prompts", "reflact._demo": "examples/demo",
+                 "reflact._pairs": "bench/data"}
 
 # namespace discovery: a sub-package without an __init__.py is still a package of the wheel
 CODE_PACKAGES = find_namespace_packages(include=["reflact", "reflact.*"], exclude=["*.__pycache__"])

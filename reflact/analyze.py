@@ -13,7 +13,9 @@ the threshold, and the report under `analysis/`. The matcher and its settings (`
 optimizer's endpoint, prices and cost cap for the calls) are those of the first run's saved config
 unless --matcher and --set say otherwise; the embeddings and judge replies a run already made are
 answered from the response cache (outputs/cache.db here, or optimizer.cache_path), so a re-analysis
-pays only for new texts. The judge's replies go under --out's judge/.
+pays only for new texts. The judge's replies go under --out's judge/. The matcher is also measured on
+the labelled pairs reflact ships (reflact.analysis.trust): its recall on paraphrases and its rate of
+merged different changes, in the report, in analysis.json (`matcher_trust`) and in the metrics.
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ def figures(runs: list[Run], matcher) -> dict:
     """What the report shows: each run's figures and each cell's seed agreement, by `matcher`
     (or a lexical threshold)."""
     from reflact.analysis.figures import as_matcher
+    from reflact.analysis.trust import measured
 
     matcher = as_matcher(matcher)
     per_run = []
@@ -136,11 +139,18 @@ def figures(runs: list[Run], matcher) -> dict:
     cells = seed_agreement(runs, matcher)
     by_cell = seed_by_cell(cells)
     described = matcher.describe()
+    trust = measured(matcher)
     return {
         **described,
+        "matcher_trust": trust,
         "runs": per_run,
         "cells": cells,
-        "metrics": {**seed_metrics(by_cell), **_means(per_run), "analysis_threshold": described["threshold"]},
+        "metrics": {
+            **seed_metrics(by_cell),
+            **_means(per_run),
+            "analysis_threshold": described["threshold"],
+            **{f"matcher_{k}": v for k, v in trust.items() if k.endswith(("_recall", "_rate")) and v is not None},
+        },
     }
 
 
@@ -154,10 +164,14 @@ def _means(per_run: list[dict]) -> dict[str, float]:
 
 
 def markdown(result: dict) -> str:
+    from reflact.analysis.trust import sentence
+
     lines = [
         "# Agreement and redundancy",
         "",
         f"Matcher {result.get('matcher', 'lexical')}, threshold {result['threshold']} ({result.get('matching', '')}).",
+        "",
+        sentence(result.get("matcher_trust") or {}),
         "",
         "## Runs",
         "",

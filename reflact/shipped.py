@@ -1,4 +1,5 @@
-"""Where the files shipped with reflact live: the Hydra configs, the analyst templates, the demo dataset.
+"""Where the files shipped with reflact live: the Hydra configs, the analyst templates, the demo
+dataset, the labelled matcher pairs.
 
 The repository keeps them at its top (`conf/`, `prompts/`, `examples/demo/`), where users and the
 README point. A wheel carries them inside the package instead, as `reflact/_conf`,
@@ -19,11 +20,12 @@ _LOCATIONS = {
     "conf": ("_conf", "conf"),
     "prompts": ("_prompts", "prompts"),
     "demo": ("_demo", "examples/demo"),
+    "pairs": ("_pairs", "bench/data"),  # the labelled matcher pairs (reflact.analysis.trust)
 }
 
 
 def shipped_dir(name: str) -> Path:
-    """The folder holding the shipped `conf`, `prompts` or `demo` files.
+    """The folder holding the shipped `conf`, `prompts`, `demo` or `pairs` files.
 
     The packaged copy wins, and the repository's only counts beside a pyproject.toml: next to
     an installed package (in site-packages) a folder named `conf` may belong to anything. When

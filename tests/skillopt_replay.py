@@ -120,13 +120,21 @@ def write_templates(folder: Path) -> None:
         (folder / f"{name}.md").write_text(text + "\n")
 
 
+# SkillOpt's own reflect keeps its patches in the order its analyst calls end; it submits failure
+# minibatches before success ones. A success reply comes this much later, so that, with one minibatch
+# of each (SkillOpt's default M=8 over a batch of 6), they end in the order SkillOpt made them at any
+# number of workers, as they always do with one. reflact's order never depends on it.
+SUCCESS_DELAY_S = 0.3
+
+
 def answer(request: dict, number: int) -> Response:
     system, user = request["messages"][0]["content"], request["messages"][1]["content"]
     role = re.search(r"ROLE (\w+)(?: (\w+))?(?: (\w+))?", system)
     kind = role.group(1) if role else "other"
     handler = {"analyst": _analyst, "merge": _merge, "ranking": _ranking, "rewrite": _rewrite}.get(kind)
     reply = handler(role, system, user) if handler else {"note": "not asked for"}
-    return Response(body=chat_body(json.dumps(reply)))
+    late = kind == "analyst" and role.group(2) == "success"
+    return Response(body=chat_body(json.dumps(reply)), delay_s=SUCCESS_DELAY_S if late else 0.0)
 
 
 def _analyst(role, system: str, user: str) -> dict:

@@ -33,7 +33,7 @@ from reflact.replies.provenance import with_support_ids
 from reflact.running.rundir import fingerprint
 from reflact.sweeps.grid_report import add_seed_agreement, grid_rows, write_table
 from reflact.testing.optimizer_server import Response, chat_body, default_reply, seeded_items
-from tests.conftest import make_config, run_cli, write_dataset
+from tests.conftest import PROJECT, make_config, run_cli, write_dataset
 from tests.conftest import stage_for as shared_stage_for
 
 PATCH = MODES["patch"]
@@ -534,8 +534,23 @@ def test_analyze_reports_the_runs_figures_and_their_seed_agreement(tmp_path, two
     assert md.count("| patch | 4 | 4 |") == 3  # two runs and their cell
     strict = analyze_cli(str(two_seeds / "seed1"), "--threshold", "1", "--out", "strict", cwd=tmp_path)
     assert strict.returncode == 0, strict.stderr
-    [row] = json.loads((tmp_path / "strict" / "analysis.json").read_text())["runs"]
+    strict_result = json.loads((tmp_path / "strict" / "analysis.json").read_text())
+    [row] = strict_result["runs"]
     assert row["threshold"] == 1.0 and row["agreement"] < result["runs"][0]["agreement"]  # rewordings no longer match
+
+    # how far to trust the matcher in use: measured on the shipped labelled pairs (bench/README.md's
+    # figures for the lexical matcher at 0.85: 1 of 30 paraphrases matched, 23 of 35 different changes merged)
+    pairs = [json.loads(line) for line in (PROJECT / "bench" / "data" / "match_pairs.jsonl").read_text().splitlines()]
+    trust = result["matcher_trust"]
+    assert (trust["paraphrases"], trust["different_changes"]) == (sum(p["same"] for p in pairs),
+                                                                  sum(not p["same"] for p in pairs))
+    assert (trust["paraphrases_matched"], trust["different_merged"]) == (1, 23)
+    assert trust["paraphrase_recall"] == round(1 / trust["paraphrases"], 4)
+    assert result["metrics"]["matcher_different_merged_rate"] == trust["different_merged_rate"]
+    assert f"matches 1 of {trust['paraphrases']} paraphrases" in md and "merges 23 of" in md
+    # the matcher in use: at threshold 1 only the same words match (one paraphrase pair reorders them)
+    assert (strict_result["matcher_trust"]["paraphrases_matched"], strict_result["matcher_trust"]["different_merged"]) \
+        == (1, 0)
 
 
 @pytest.mark.parametrize("args,names", [

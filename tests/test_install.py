@@ -29,7 +29,8 @@ pytestmark = pytest.mark.slow
 # what a build must not see: local state of the checkout
 _NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", "venv", "build", "dist", "outputs", "*.egg-info",
                                       "__pycache__", ".pytest_cache", ".hypothesis", "mlruns")
-SHIPPED = {"conf": "reflact/_conf", "prompts": "reflact/_prompts", "examples/demo": "reflact/_demo"}
+SHIPPED = {"conf": "reflact/_conf", "prompts": "reflact/_prompts", "examples/demo": "reflact/_demo",
+           "bench/data": "reflact/_pairs"}
 
 
 def _can_build_offline() -> bool:

@@ -172,6 +172,10 @@ def test_analyze_reanalyses_a_lexical_run_with_embeddings(tmp_path, rewording, e
     assert result["matcher"] == "embedding" and row["agreement"] > 0.9
     assert json.loads((tmp_path / "lex" / "analysis.json").read_text())["matcher"] == "lexical"  # left as it was
     assert "Matcher embedding" in (tmp_path / "rep" / "analysis.md").read_text()
+    # measured on the shipped labelled pairs, as bench/README.md reports the default embedding matcher
+    trust = result["matcher_trust"]
+    assert (trust["paraphrases_matched"], trust["paraphrases"]) == (29, 30)
+    assert (trust["different_merged"], trust["different_changes"]) == (21, 35)
 
 
 def test_analyze_names_a_bad_setting_in_one_line(tmp_path, server):

@@ -4,8 +4,11 @@
 optimizer the loopback server, configured only the way SkillOpt users configure SkillOpt (its
 config's optimizer endpoint, auth mode, key, model, reasoning effort, skill-aware switch; no
 OPENAI_* variable). Once with SkillOpt's own reflect, once after `reflact.compat.skillopt.install()`:
-every file the trainer writes is the same apart from timings, the analyst requests carry the same
-reasoning_effort, and the trainer's call and token totals count reflact's analyst calls.
+every file the trainer writes is byte for byte the same (timing values aside), in every update mode,
+with skill-aware reflection on and off, at SkillOpt's default number of workers and at one, each run
+in its own process as a user runs it (tests/skillopt_fidelity.py). With `support_counts=True` the same
+apart from the support counts; the analyst requests carry the same reasoning_effort, and the trainer's
+call and token totals count reflact's analyst calls.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from reflact.testing.optimizer_server import OptimizerServer
+from tests import skillopt_fidelity as fidelity
 from tests import skillopt_replay as replay
 
 pytest.importorskip("skillopt.engine.trainer")
@@ -100,7 +104,7 @@ def train(server: OptimizerServer, out_root: Path, mode: str, with_reflact: bool
     cfg = trainer_config(out_root, server, mode)
     before = server.count
     if with_reflact:
-        compat.install()
+        compat.install(support_counts=True)
     try:
         trainer_module.ReflACTTrainer(cfg, ReplayAdapter()).train()
     finally:
@@ -134,6 +138,44 @@ def support_counts(out_root: Path) -> list[list[int]]:
 
 def analyst_requests(requests: list[dict]) -> list[dict]:
     return [r for r in requests if "ROLE analyst" in r["messages"][0]["content"]]
+
+
+# SkillOpt's default workers and M (one failure and one success minibatch a step); seed 4 gives a step
+# whose failures are execution lapses only (SkillOpt's carrier) and a step that changes the skill
+DEFAULT = {"workers": fidelity.DEFAULT_WORKERS, "minibatch_size": 8, "seed": 4}
+ONE_WORKER = {"workers": 1, "minibatch_size": 3, "seed": 7}  # two failure minibatches a step, two carriers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setup", [
+    *(fidelity.Setup(mode, aware, **DEFAULT) for mode in fidelity.MODES for aware in (True, False)),
+    fidelity.Setup("rewrite_from_suggestions", True, **ONE_WORKER),
+], ids=str)
+def test_every_file_skillopts_trainer_writes_is_the_same_byte_for_byte_with_reflact(tmp_path, setup):
+    with OptimizerServer(script=replay.answer) as server:
+        pair = fidelity.train_both(tmp_path, server.base_url, setup)
+
+    compared = fidelity.compare(pair.theirs, pair.ours)
+    assert [c for c in compared if not c.identical] == []
+    assert len(compared) > 40 and len(json.loads((pair.ours / "history.json").read_text())) == 2
+    # timing values are the only thing set aside, in the trainer's records alone
+    records = {"history.json", "step_record.json", "summary.json"}
+    assert {c.name.rsplit("/", 1)[-1] for c in compared if c.why} <= records
+    # reflact made the patches: its record beside each step's, and none from SkillOpt's reflect
+    for step in ("step_0001", "step_0002"):
+        assert (pair.ours / "steps" / step / "patches.reflact" / "summary.json").exists()
+    assert not list(pair.theirs.rglob("patches.reflact"))
+    patches = {path.relative_to(pair.ours): path.read_text() for path in pair.ours.glob("steps/*/patches/*.json")}
+    assert patches
+    carriers = [text for text in patches.values() if '"reasoning": "execution-lapse only"' in text]
+    if setup.skill_aware and setup.mode != "full_rewrite_minibatch":
+        # SkillOpt's carrier of a lapse-only failure minibatch, its wording and its key in every mode
+        assert carriers and all('"edits": []' in text for text in carriers)
+    else:
+        assert not carriers
+    # SkillOpt sets appendix_notes whenever skill-aware is on, in full rewrite too (empty there)
+    assert all(('"appendix_notes"' in text) == setup.skill_aware for text in patches.values())
+    assert not any('"batch_size"' in text or text.endswith("\n") for text in patches.values())
 
 
 @pytest.mark.slow

@@ -13,9 +13,11 @@ function back, and `with installed(): ...` does both around a block. Code that c
 
 It takes the reference implementation's arguments (skillopt 0.2.0), returns its return shape, a
 list of raw patch dicts, and writes them as `minibatch_fail_NNN.json` / `minibatch_succ_NNN.json`
-into `patches_dir`, where SkillOpt's trainer reads them. What the caller does not pass is read
-where SkillOpt's own reflect reads it (reflact.compat.skillopt_settings): the optimizer's endpoint,
-model, auth mode and key variable, `reasoning_effort`, the skill-aware switch and appendix source.
+into `patches_dir`, where SkillOpt's trainer reads them, byte for byte as SkillOpt's reflect writes
+them for the same replies (reflact.compat.skillopt_patches), so every file the trainer writes is too.
+What the caller does not pass is read where SkillOpt's own reflect reads it
+(reflact.compat.skillopt_settings): the optimizer's endpoint, model, auth mode and key variable,
+`reasoning_effort`, the skill-aware switch and appendix source.
 OPENAI_BASE_URL, when set, names the server instead; a `config` replaces all of them. The analyst
 calls count in SkillOpt's token tracker, under its stage `analyst`, as its own reflect's do.
 
@@ -24,7 +26,7 @@ reflact's own record of the run (prompts, replies, outcomes, summary, MLflow run
 the MLflow store are in its `outputs/` (`cache.db`, `mlflow.db`, `mlartifacts/`), so nothing is
 written into the trainer's working directory. Where reflact deliberately differs from the reference (sorted input,
 stricter parsing and re-asks, fenced trajectories, deterministic order, a support count per
-patch): see the README, "SkillOpt".
+patch with `support_counts=True`): see the README, "SkillOpt".
 """
 
 from __future__ import annotations
@@ -37,11 +39,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from reflact.compat import skillopt_settings
+from reflact.compat.skillopt_patches import Shape, as_skillopt, as_text
 from reflact.config import AppendixSource, ReflactConfig
 from reflact.errors import UserError
-from reflact.files import write_json
+from reflact.files import write_text
 from reflact.imports import one_at_a_time
-from reflact.replies.patches import LAPSES_ONLY
 
 # on SkillOpt's module: its own function, kept by install(); on reflact's installed function: True
 REPLACED = "_reflact_replaced"
@@ -69,6 +71,7 @@ def run_minibatch_reflect(
     skill_aware_appendix_source: str | None = None,
     config: ReflactConfig | None = None,
     overrides: Sequence[str] = (),
+    support_counts: bool = False,
 ) -> list[dict]:
     """The saved patches, failures by index then successes (a minibatch that failed has none); reflact's
     record beside them, launched from there (its default outputs/ are in it, not in the trainer's cwd)."""
@@ -83,7 +86,8 @@ def run_minibatch_reflect(
     cfg.prompts.error, cfg.prompts.success = error_system, success_system
     done = _reflect(results, skill_content, prediction_dir, cfg, run_dir)
     _count_calls(done)
-    return _leave(done.patches, out)
+    aware = cfg.reflect.skill_aware
+    return _leave(done.patches, out, Shape(aware.enabled, AppendixSource(aware.appendix_source).value, support_counts))
 
 
 def _reflect(results: list[dict], skill: str, predictions: str, cfg: ReflactConfig, run_dir: Path):
@@ -106,18 +110,22 @@ def _patches_dir(patches_dir: object) -> Path:
     return usable_folder(out, "patches_dir")
 
 
-def _leave(saved: dict[str, dict], patches_dir: Path) -> list[dict]:
-    """The patches as SkillOpt's reflect returns them, written where SkillOpt's trainer reads them."""
-    patches = [as_skillopt_leaves(patch) for patch in saved.values()]
+def _leave(saved: dict[str, dict], patches_dir: Path, shape: Shape) -> list[dict]:
+    """The patches as SkillOpt's reflect returns them, written where SkillOpt's trainer reads them
+    byte for byte as its reflect writes them (reflact's own copies, with its bookkeeping, stay in
+    the run dir)."""
+    patches = [as_skillopt(patch, shape) for patch in saved.values()]
     for tag, patch in zip(saved, patches, strict=True):
-        write_json(patches_dir / f"{tag}.json", patch)
+        write_text(patches_dir / f"{tag}.json", as_text(patch))
     return patches
 
 
-def install(config: ReflactConfig | None = None, overrides: Sequence[str] = ()) -> None:
+def install(config: ReflactConfig | None = None, overrides: Sequence[str] = (), support_counts: bool = False) -> None:
     """Make SkillOpt's adapters reflect with reflact: sets `skillopt.gradient.reflect.run_minibatch_reflect`
     (the name EnvAdapter.reflect imports at each call) and the package's re-export to reflact's.
-    `config` / `overrides` then apply to every call (e.g. `mlflow.tracking_uri=...`, `optimizer.cache=off`)."""
+    `config` / `overrides` then apply to every call (e.g. `mlflow.tracking_uri=...`, `optimizer.cache=off`);
+    `support_counts=True` gives each patch its `batch_size` (SkillOpt's trainer then weighs each item by
+    the trajectories behind it, and its files differ from its own reflect's)."""
     with one_at_a_time():
         import skillopt.gradient
         import skillopt.gradient.reflect as module
@@ -127,7 +135,8 @@ def install(config: ReflactConfig | None = None, overrides: Sequence[str] = ()) 
 
     @functools.wraps(run_minibatch_reflect)
     def installed_reflect(*args, **kwargs):
-        return run_minibatch_reflect(*args, **{"config": config, "overrides": overrides, **kwargs})
+        given = {"config": config, "overrides": overrides, "support_counts": support_counts}
+        return run_minibatch_reflect(*args, **{**given, **kwargs})
 
     setattr(installed_reflect, REPLACED, True)
     module.run_minibatch_reflect = skillopt.gradient.run_minibatch_reflect = installed_reflect
@@ -144,33 +153,13 @@ def uninstall() -> None:
 
 
 @contextlib.contextmanager
-def installed(config: ReflactConfig | None = None, overrides: Sequence[str] = ()):
+def installed(config: ReflactConfig | None = None, overrides: Sequence[str] = (), support_counts: bool = False):
     """reflact as SkillOpt's reflect stage inside the block, SkillOpt's own again after it."""
-    install(config, overrides)
+    install(config, overrides, support_counts)
     try:
         yield
     finally:
         uninstall()
-
-
-def as_skillopt_leaves(patch: dict) -> dict:
-    """The patch as SkillOpt's later stages read it. A failure minibatch of execution lapses only
-    (the model sent notes and no patch) is SkillOpt's carrier: its notes in a patch with no edits,
-    and no failure patterns, so the step buffer counts them as SkillOpt's would."""
-    inner = patch.get("patch")
-    empty = isinstance(inner, dict) and len(inner) == 2 and not any(v for k, v in inner.items() if k != "reasoning")
-    if (
-        patch.get("source_type") == "failure"
-        and empty
-        and isinstance(inner, dict)
-        and inner.get("reasoning") == LAPSES_ONLY
-    ):
-        return {
-            "source_type": patch["source_type"],
-            "patch": patch["patch"],
-            "appendix_notes": patch.get("appendix_notes", []),
-        }
-    return patch
 
 
 def _config(config: ReflactConfig | None, overrides: Sequence[str]) -> ReflactConfig:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from pydantic import ValidationError
@@ -23,6 +23,9 @@ class CheckedReply:
     obj: dict  # the model's object, payload cut to the budget, notes normalised
     proposed: int  # items the model proposed, before the cut
     kept: int
+    # False: notes were allowed and the model sent no `appendix_notes`, so the key is reflact's (the
+    # patch file then puts it after `source_type`, where SkillOpt's reflect assigns it)
+    notes_sent: bool = True
 
 
 def normalize_notes(raw: object) -> list[str]:
@@ -76,10 +79,11 @@ def check_reply(obj: dict, mode: Mode, group: str, budget: int, notes_allowed: b
     if group == FAILURE.name and FAILURE.summary_key in obj:
         obj[FAILURE.summary_key] = failure_summary(obj[FAILURE.summary_key])
     notes = normalize_notes(obj.get("appendix_notes")) if notes_allowed else []
+    sent = not notes_allowed or "appendix_notes" in obj
     if notes_allowed:
         obj["appendix_notes"] = notes
     try:
-        return _checked_patch(obj, mode, budget)
+        return replace(_checked_patch(obj, mode, budget), notes_sent=sent)
     except ReplyError as exc:
         if group == FAILURE.name and notes:
             return _notes_only(obj, mode, str(exc))
@@ -163,4 +167,5 @@ def merge_replies(parts: list[CheckedReply], mode: Mode, budget: int) -> Checked
         "reasoning": "\n\n".join(str(part.obj["patch"].get("reasoning", "")) for part in parts),
         key: kept,
     }
-    return CheckedReply(obj=merged, proposed=sum(part.proposed for part in parts), kept=len(kept))
+    sent = all(part.notes_sent for part in parts)
+    return CheckedReply(obj=merged, proposed=sum(part.proposed for part in parts), kept=len(kept), notes_sent=sent)

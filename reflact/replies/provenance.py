@@ -11,7 +11,7 @@ item names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from reflact.modes import SUPPORT_FIELD, SUPPORT_IDS_FIELD, Mode
 from reflact.replies.patches import CheckedReply, ReplyError
@@ -25,7 +25,7 @@ def with_support_ids(checked: CheckedReply, mode: Mode, ids: list[str]) -> Check
         _item_support(item, f"patch.{key}[{index}].{SUPPORT_FIELD}", ids)
         for index, item in enumerate(checked.obj["patch"][key])
     ]
-    return CheckedReply({**checked.obj, "patch": {**checked.obj["patch"], key: items}}, checked.proposed, checked.kept)
+    return replace(checked, obj={**checked.obj, "patch": {**checked.obj["patch"], key: items}})
 
 
 def _item_support(item: dict, where: str, ids: list[str]) -> dict:

@@ -255,9 +255,13 @@ def patch_file(ready: Ready, checked: list, mode: Mode, budget: int) -> dict:
     outcome = ready.outcome
     merged = checked[0] if len(checked) == 1 else merge_replies(checked, mode, budget)
     outcome.proposed, outcome.kept = merged.proposed, merged.kept
+    obj = dict(merged.obj)
+    # notes the model did not send come after source_type, as SkillOpt's reflect assigns them
+    late = {} if merged.notes_sent or "appendix_notes" not in obj else {"appendix_notes": obj.pop("appendix_notes")}
     return {
-        **merged.obj,
+        **obj,
         "source_type": outcome.group,
+        **late,
         "batch_size": outcome.analysed,  # the patch's support, as SkillOpt's trainer reads it
         "trajectory_ids": outcome.ids,
         "n_analysed": outcome.analysed,
