@@ -256,15 +256,18 @@ class Store:
             write_text(self._artifact_dir / name, table_json(table))
         return table_tag(name)
 
-    def log_dataset(self, name: str, digest: str, source: str, profile: dict) -> None:
+    def log_dataset(
+        self, name: str, digest: str, source: str | dict, profile: dict, source_type: str = "local"
+    ) -> None:
+        """`source`: a folder's URI, or (traces) the store, experiment and filter they were read by."""
         with one_at_a_time():
             from mlflow.entities import Dataset, DatasetInput, InputTag
 
         dataset = Dataset(
             name=name,
             digest=digest,
-            source_type="local",
-            source=json.dumps({"uri": source}),
+            source_type=source_type,
+            source=json.dumps(source if isinstance(source, dict) else {"uri": source}),
             profile=json.dumps(profile),
         )
         inputs = [DatasetInput(dataset, [InputTag("mlflow.data.context", "reflect")])]

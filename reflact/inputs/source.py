@@ -1,0 +1,34 @@
+"""The run's dataset from where data.source says: a dataset folder, or scored traces in MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reflact.config import DataSource, ReflactConfig
+from reflact.errors import UserError
+from reflact.groups import failed
+from reflact.inputs.dataset import Dataset, load_dataset
+from reflact.launch import LaunchDir
+
+
+def load_input(cfg: ReflactConfig, launch_dir: Path) -> Dataset:
+    """The checked dataset; traces are read from data.mlflow.tracking_uri, by default the store
+    the run logs to (mlflow.tracking_uri), asked as long as the run waits for it at its end."""
+    if cfg.data.source is DataSource.files:
+        return load_dataset(cfg.data)
+    from reflact.inputs.traces import load_traces
+
+    uri = cfg.data.mlflow.tracking_uri or cfg.mlflow.tracking_uri or default_tracking_uri(launch_dir)
+    dataset = load_traces(cfg.data, uri, cfg.mlflow.deadline_s)
+    r = cfg.reflect
+    if r.failure_only and not any(failed(x.hard, r.success_threshold) for x in dataset.results):
+        raise UserError(
+            f"data.mlflow.label: every selected trace passes, and reflect.failure_only=true reflects on "
+            f"failures only; select traces that failed (feedback {cfg.data.mlflow.label!r})"
+        )
+    return dataset
+
+
+def default_tracking_uri(launch_dir: Path) -> str:
+    """The store a run logs to when mlflow.tracking_uri is unset: outputs/mlflow.db of the launch dir."""
+    return f"sqlite:///{LaunchDir(launch_dir).mlflow_store.resolve()}"
