@@ -623,9 +623,13 @@ def _check_traces(t: TracesConfig, m: MlflowConfig) -> None:
     """data.mlflow: where the traces are and what says pass or fail; the store is asked later."""
     named = t.experiment if isinstance(t.experiment, list) else [t.experiment]
     if not named or any(not isinstance(e, (str, int)) or not str(e).strip() for e in named):
-        raise UserError("data.mlflow.experiment: name the experiment(s) holding the traces, e.g. data.mlflow.experiment=agent")
+        raise UserError(
+            "data.mlflow.experiment: name the experiment(s) holding the traces, e.g. data.mlflow.experiment=agent"
+        )
     if not t.label or not t.label.strip():
-        raise UserError("data.mlflow.label: name the feedback that says pass or fail, e.g. data.mlflow.label=correctness")
+        raise UserError(
+            "data.mlflow.label: name the feedback that says pass or fail, e.g. data.mlflow.label=correctness"
+        )
     _number(t.pass_threshold, "data.mlflow.pass_threshold")
     if t.max_traces is not None:
         _at_least(t.max_traces, 1, "data.mlflow.max_traces")

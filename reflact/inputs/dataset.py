@@ -491,7 +491,10 @@ def load_trajectory(dataset: Dataset, result: Result) -> Trajectory:
     """A checked run, read again for its prompt block (files are re-checked the same way)."""
     if dataset.conversations is not None:  # read from traces: everything is in the row
         fields = result.fields
-        held = {"reference_text": fields.get("reference_text"), **{key: fields.get(key) or "" for key in EXTRA_FILES}}
+        held: dict[str, Any] = {
+            "reference_text": fields.get("reference_text"),
+            **{key: fields.get(key) or "" for key in EXTRA_FILES},
+        }
         return Trajectory(fields=fields, conversation=dataset.conversations[result.id], extras=held)
     folder = dataset.predictions / result.id
     try:

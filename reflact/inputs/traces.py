@@ -121,7 +121,7 @@ def read_traces(t: TracesConfig, uri: str, max_bytes: int, patience_s: float) ->
 
 def _labelled(page, t: TracesConfig, picked: _Picked) -> list[tuple[object, Label]]:
     """The page's traces that carry the label with a value fitting a pass rule, up to max_traces."""
-    chosen = []
+    chosen: list[tuple[object, Label]] = []
     for trace in page:
         if t.max_traces is not None and len(picked.runs) + len(chosen) >= t.max_traces:
             break
@@ -216,7 +216,10 @@ class _Reader:
         # the store's batch read: the client's own reads it ten traces at a time on threads
         store = self.client._tracing_client.store
         traces = {t.info.trace_id: t for t in self._asked(lambda: store.batch_get_traces(ids), "data.mlflow")}
-        return [_run(traces[info.trace_id], label, max_bytes, digests) for info, label in chosen if info.trace_id in traces]
+        # a trace whose spans are not all written yet is left for a later run
+        return [
+            _run(traces[info.trace_id], label, max_bytes, digests) for info, label in chosen if info.trace_id in traces
+        ]
 
     def _asked(self, ask, key: str):
         """ask(), again while the store does not answer (as the tracker waits), up to patience_s."""
@@ -270,7 +273,8 @@ def _check_size(trace_id: str, size: int, max_bytes: int) -> None:
     if size > max_bytes:
         raise UserError(
             f"data.max_file_mb: trace {trace_id} is {size / 1024 / 1024:.1f} MB, over the "
-            f"{max_bytes / 1024 / 1024:g} MB reflact reads; raise data.max_file_mb or leave it out with data.mlflow.filter"
+            f"{max_bytes / 1024 / 1024:g} MB reflact reads; raise data.max_file_mb or leave it out with "
+            "data.mlflow.filter"
         )
 
 
