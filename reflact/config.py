@@ -613,13 +613,13 @@ def check_threshold(value: Any, key: str) -> float:
 def _check_data(d: DataConfig, m: MlflowConfig) -> None:
     _number(d.max_file_mb, "data.max_file_mb", above=0)
     if d.source is DataSource.mlflow:
-        _check_traces(d.mlflow, m)
+        check_traces(d.mlflow, m)
         return
     if not d.dir and not (d.skill and d.results):
         raise UserError("no dataset: set data.dir (or data.skill and data.results)")
 
 
-def _check_traces(t: TracesConfig, m: MlflowConfig) -> None:
+def check_traces(t: TracesConfig, m: MlflowConfig) -> None:
     """data.mlflow: where the traces are and what says pass or fail; the store is asked later."""
     named = t.experiment if isinstance(t.experiment, list) else [t.experiment]
     if not named or any(not isinstance(e, (str, int)) or not str(e).strip() for e in named):

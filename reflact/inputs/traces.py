@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from reflact.config import DataConfig, TracesConfig
+from reflact.config import DataConfig, MlflowConfig, TracesConfig
 from reflact.errors import UserError
 from reflact.imports import one_at_a_time
 from reflact.inputs.dataset import Dataset, Result, check_id, max_bytes_of, read_text
-from reflact.inputs.importers import Imported, Run
+from reflact.inputs.importers import Imported, Run, check_output, write_dataset
 from reflact.inputs.trace_mapping import Label, NoChat, label_of, trace_row
 from reflact.text import one_line
 
@@ -297,3 +297,13 @@ def _run(trace, label: Label, max_bytes: int, digests: dict[str, str]) -> Run:
     shape = json.dumps([row, content], ensure_ascii=False, sort_keys=True, default=str)
     digests[trace_id] = hashlib.sha256(shape.encode("utf-8", "surrogatepass")).hexdigest()
     return Run(row, converted.items, converted.system, f"trace {trace_id}")
+
+
+def import_traces(t: TracesConfig, uri: str, out: Path, force: bool, max_file_mb: float) -> Selection:
+    """The selection written as a dataset folder (the importers' layout: results.jsonl last)."""
+    check_output(out, force)
+    selection = read_traces(t, uri, max_bytes_of(max_file_mb), patience_s=MlflowConfig().deadline_s)
+    if not selection.imported.skill:
+        selection.imported.warnings.append("the traces carry no system message; skill.md is empty")
+    write_dataset(selection.imported, out, max_file_mb)
+    return selection
