@@ -256,17 +256,14 @@ class Store:
             write_text(self._artifact_dir / name, table_json(table))
         return table_tag(name)
 
-    def log_dataset(
-        self, name: str, digest: str, source: str | dict, profile: dict, source_type: str = "local"
-    ) -> None:
-        """`source`: a folder's URI, or (traces) the store, experiment and filter they were read by."""
+    def log_dataset(self, name: str, digest: str, source: str | dict, profile: dict, kind: str = "local") -> None:
         with one_at_a_time():
             from mlflow.entities import Dataset, DatasetInput, InputTag
 
         dataset = Dataset(
             name=name,
             digest=digest,
-            source_type=source_type,
+            source_type=kind,  # a folder's URI is its source; traces name their store, experiment, filter
             source=json.dumps(source if isinstance(source, dict) else {"uri": source}),
             profile=json.dumps(profile),
         )
