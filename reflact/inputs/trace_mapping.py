@@ -26,6 +26,33 @@ class NoChat(ValueError):
     """A trace without a CHAT_MODEL span: there is no conversation to show."""
 
 
+@dataclass(frozen=True, slots=True)
+class SpanView:
+    """What the mapping reads of a span, read once: MLflow decodes an attribute's JSON at each read."""
+
+    span_id: str
+    parent_id: str | None
+    span_type: str
+    name: str
+    start_time_ns: int
+    end_time_ns: int
+    inputs: object
+    outputs: object
+
+    @classmethod
+    def of(cls, span) -> SpanView:
+        start = span.start_time_ns
+        inputs, outputs = span.inputs, span.outputs
+        return cls(
+            span.span_id, span.parent_id, span.span_type, span.name, start, span.end_time_ns or start, inputs, outputs
+        )
+
+
+def span_views(trace) -> list[SpanView]:
+    """The trace's spans in the order they started."""
+    return sorted(map(SpanView.of, trace.data.spans), key=lambda s: (s.start_time_ns, s.span_id))
+
+
 @dataclass(frozen=True)
 class Label:
     """The label's feedback on one trace: its value, the pass rule's verdict (None: fits no rule)."""
@@ -79,9 +106,8 @@ def reference(info) -> str:
     return "\n".join(f"{name}: {value}" for name, value in found)
 
 
-def trace_row(trace, label: Label) -> tuple[dict, Converted]:
+def trace_row(trace, spans: list[SpanView], label: Label) -> tuple[dict, Converted]:
     """The results row and the conversation of a labelled trace; NoChat without a CHAT_MODEL span."""
-    spans = sorted(trace.data.spans, key=lambda s: (s.start_time_ns, s.span_id))
     parents = {s.span_id: s for s in spans}
     chats = outermost(spans, parents, CHAT)
     if not chats:
@@ -133,7 +159,7 @@ def conversation_messages(chats: list, tools: list) -> list[dict]:
     for chat in chats:
         messages, reply = chat_input(chat.inputs), chat_output(chat.outputs)
         add(chat.start_time_ns, messages[_shared_prefix(seen, messages) :])
-        add(chat.end_time_ns or chat.start_time_ns, [reply] if reply else [])
+        add(chat.end_time_ns, [reply] if reply else [])
         seen = messages + ([reply] if reply else [])
     for tool in tools:
         add(tool.start_time_ns, _tool_messages(tool), own=True)

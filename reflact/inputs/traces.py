@@ -24,7 +24,7 @@ from reflact.errors import UserError
 from reflact.imports import one_at_a_time
 from reflact.inputs.dataset import Dataset, Result, check_id, max_bytes_of, read_text
 from reflact.inputs.importers import Imported, Run, check_output, write_dataset
-from reflact.inputs.trace_mapping import Label, NoChat, label_of, trace_row
+from reflact.inputs.trace_mapping import Label, NoChat, label_of, span_views, trace_row
 from reflact.text import one_line
 
 log = logging.getLogger("reflact")
@@ -281,8 +281,9 @@ def _check_size(trace_id: str, size: int, max_bytes: int) -> None:
 def _run(trace, label: Label, max_bytes: int, digests: dict[str, str]) -> Run:
     """One selected trace as a run (SPEC 1 row and conversation); its digest noted by id."""
     trace_id = check_id(trace.info.trace_id, f"trace {trace.info.trace_id!r}")
+    spans = span_views(trace)
     try:
-        row, converted = trace_row(trace, label)
+        row, converted = trace_row(trace, spans, label)
     except NoChat:
         raise UserError(
             f"data.mlflow.filter: trace {trace_id} has no CHAT_MODEL span, so no conversation to show; select "
@@ -292,7 +293,6 @@ def _run(trace, label: Label, max_bytes: int, digests: dict[str, str]) -> Run:
         raise UserError(f"data.mlflow: {exc}") from None
     text = json.dumps(converted.items, ensure_ascii=False)
     _check_size(trace_id, len(text.encode("utf-8", "surrogatepass")), max_bytes)
-    spans = sorted(trace.data.spans, key=lambda s: (s.start_time_ns, s.span_id))
     content = [[s.name, s.span_type, s.inputs, s.outputs] for s in spans]
     shape = json.dumps([row, content], ensure_ascii=False, sort_keys=True, default=str)
     digests[trace_id] = hashlib.sha256(shape.encode("utf-8", "surrogatepass")).hexdigest()
