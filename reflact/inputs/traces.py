@@ -198,6 +198,7 @@ class _Reader:
     def __init__(self, uri: str, patience_s: float) -> None:
         with one_at_a_time():
             from mlflow import MlflowClient
+            from mlflow.tracing.client import TracingClient
 
         if urlsplit(uri).scheme in ("", "file"):
             raise UserError(
@@ -206,6 +207,8 @@ class _Reader:
             )
         self.uri, self.patience_s = uri, patience_s
         self.client = self._asked(lambda: MlflowClient(tracking_uri=uri), "data.mlflow.tracking_uri")
+        # the store itself, for its batch read of whole traces (the tracing client's `store`)
+        self.store = self._asked(lambda: TracingClient(uri).store, "data.mlflow.tracking_uri")
 
     def experiment_id(self, name: str) -> str:
         found = self._asked(lambda: self.client.get_experiment_by_name(name), "data.mlflow.experiment")
@@ -231,9 +234,8 @@ class _Reader:
         if not chosen:
             return []
         ids = [info.trace_id for info, _ in chosen]
-        # the store's batch read: the client's own reads it ten traces at a time on threads
-        store = self.client._tracing_client.store
-        traces = {t.info.trace_id: t for t in self._asked(lambda: store.batch_get_traces(ids), "data.mlflow")}
+        # one request: the clients' own batch reads ask ten traces at a time, on threads
+        traces = {t.info.trace_id: t for t in self._asked(lambda: self.store.batch_get_traces(ids), "data.mlflow")}
         # a trace whose spans are not all written yet is left for a later run
         return [
             _run(traces[info.trace_id], label, max_bytes, digests) for info, label in chosen if info.trace_id in traces
