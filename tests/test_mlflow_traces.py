@@ -252,11 +252,13 @@ def labelled(n: int = 1, value=False, **kwargs) -> list[str]:
         (lambda: labelled(), ["data.max_file_mb=0.001"], r"^data\.max_file_mb: trace tr-\w+ is [\d.]+ MB, over the"),
         (lambda: labelled(), ["data.mlflow.tracking_uri=file:///tmp/mlruns"],
          r"^data\.mlflow\.tracking_uri: .* a file store"),
+        (lambda: None, ["data.mlflow.tracking_uri=sqlite:////nowhere/mlflow.db"],
+         r"^data\.mlflow\.tracking_uri: no store at /nowhere/mlflow\.db"),
         (lambda: None, ["data.mlflow.label=''"], r"^data\.mlflow\.label: name the feedback"),
         (lambda: None, ["data.mlflow.experiment=null"], r"^data\.mlflow\.experiment: name the experiment"),
         (lambda: None, ["data.mlflow.tracking_uri=http://u:p@127.0.0.1:1"], r"^data\.mlflow\.tracking_uri carries"),
     ],
-    ids=["experiment", "filter", "unlabelled", "unfit", "only-successes", "too-large", "file-store", "no-label",
+    ids=["experiment", "filter", "unlabelled", "unfit", "only-successes", "too-large", "file-store", "no-store", "no-label",
          "no-experiment", "credentials"],
 )
 def test_bad_input_is_one_line_naming_the_key(store, tmp_path, prepare, extra, match):

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from reflact.config import DataConfig, MlflowConfig, TracesConfig
 from reflact.errors import UserError
@@ -205,6 +205,9 @@ class _Reader:
                 f"data.mlflow.tracking_uri: {uri} is a file store, which keeps no trace feedback to select "
                 "by: use a database store (sqlite:///...) or a tracking server"
             )
+        local = unquote(uri[len("sqlite:///") :].split("?", 1)[0]) if uri.startswith("sqlite:///") else ""
+        if local and local != ":memory:" and not Path(local).is_file():  # MLflow would make an empty one
+            raise UserError(f"data.mlflow.tracking_uri: no store at {local}: point it at the store holding the traces")
         self.uri, self.patience_s = uri, patience_s
         self.client = self._asked(lambda: MlflowClient(tracking_uri=uri), "data.mlflow.tracking_uri")
         # the store itself, for its batch read of whole traces (the tracing client's `store`)
