@@ -258,8 +258,8 @@ def labelled(n: int = 1, value=False, **kwargs) -> list[str]:
         (lambda: None, ["data.mlflow.experiment=null"], r"^data\.mlflow\.experiment: name the experiment"),
         (lambda: None, ["data.mlflow.tracking_uri=http://u:p@127.0.0.1:1"], r"^data\.mlflow\.tracking_uri carries"),
     ],
-    ids=["experiment", "filter", "unlabelled", "unfit", "only-successes", "too-large", "file-store", "no-store", "no-label",
-         "no-experiment", "credentials"],
+    ids=["experiment", "filter", "unlabelled", "unfit", "only-successes", "too-large", "file-store", "no-store",
+         "no-label", "no-experiment", "credentials"],
 )
 def test_bad_input_is_one_line_naming_the_key(store, tmp_path, prepare, extra, match):
     prepare()
