@@ -49,7 +49,8 @@ def agent_trace(question: str, *, system: str = SKILL, tool: bool = True, nested
         call = {"id": "c1", "type": "function", "function": {"name": "refund", "arguments": '{"cents": 500}'}}
         first = [{"role": "system", "content": system}, {"role": "user", "content": question}]
         asked = {"role": "assistant", "content": "Refunding.", "tool_calls": [call]}
-        _chat(first, {"choices": [{"message": asked}]}, nested)
+        # the reply as the client logs it has fields the agent leaves out when it sends it back
+        _chat(first, {"choices": [{"message": {**asked, "refusal": None, "annotations": []}}]}, nested)
         if tool:
             with mlflow.start_span("refund", span_type=SpanType.TOOL) as span:
                 span.set_inputs({"cents": 500})

@@ -190,10 +190,24 @@ def conversation_messages(chats: list, tools: list) -> list[dict]:
 
 
 def _shared_prefix(seen: list, messages: list) -> int:
+    """How many messages open both lists, compared by what they say: a reply as the client logged
+    it carries fields (refusal, annotations) the agent leaves out when it sends it back."""
     n = 0
-    while n < min(len(seen), len(messages)) and seen[n] == messages[n]:
+    while n < min(len(seen), len(messages)) and _said(seen[n]) == _said(messages[n]):
         n += 1
     return n
+
+
+def _said(message: object) -> object:
+    if not isinstance(message, dict):
+        return message
+    calls = [c.get("function") or c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+    return (
+        message.get("role"),
+        message_text(message.get("content")),
+        [(c.get("name"), c.get("arguments")) for c in calls if isinstance(c, dict)],
+        message.get("tool_call_id"),
+    )
 
 
 def _beside_tools(message: object):
