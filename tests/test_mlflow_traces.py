@@ -218,6 +218,7 @@ def test_the_run_logs_the_traces_as_its_dataset_input_naming_experiment_and_filt
     import mlflow
 
     labelled(3)
+    agent_trace("no label")
     overrides = ["optimizer=dry_run", *settings(store, "data.mlflow.filter=\"trace.status = 'OK'\"")]
     done = reflact.reflect(overrides=overrides, run_dir=tmp_path / "run", launch_dir=launch_dir)
     logged = mlflow.MlflowClient(f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}").get_run(done.mlflow_run_id)
@@ -225,8 +226,9 @@ def test_the_run_logs_the_traces_as_its_dataset_input_naming_experiment_and_filt
     assert dataset.source_type == "mlflow_traces" and dataset.name == f"traces:{EXPERIMENT}"
     source = {"tracking_uri": store, "experiment": [EXPERIMENT], "filter": "trace.status = 'OK'"}
     assert json.loads(dataset.source) == source
-    assert json.loads(dataset.profile) == {"results": 3, "failures": 3, "successes": 0, "skipped": 0, "found": 3,
-                                           "unlabelled": 0}
+    assert json.loads(dataset.profile) == {"results": 3, "failures": 3, "successes": 0, "skipped": 0, "found": 4,
+                                           "unlabelled": 1}
+    assert done.summary["counts"]["unlabelled"] == 1 and logged.data.metrics["unlabelled"] == 1
     assert dataset.digest == selected(store).selection
 
 

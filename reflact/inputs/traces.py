@@ -117,7 +117,7 @@ def read_traces(t: TracesConfig, uri: str, max_bytes: int, patience_s: float) ->
             token = page.token
             if not token or (t.max_traces is not None and len(picked.runs) >= t.max_traces):
                 break
-    _said(picked, t)
+    _reported(picked, t)
     digest = hashlib.sha256("".join(sorted(picked.digests.values())).encode()).hexdigest()[:16]
     origin = Origin(uri, tuple(named), tuple(ids), t.filter, str(t.label), picked.found, picked.unlabelled, digest)
     return Selection(_imported(picked.runs), origin)
@@ -154,7 +154,7 @@ def _labelled(page, t: TracesConfig, picked: _Picked) -> list[tuple[object, Labe
     return chosen
 
 
-def _said(picked: _Picked, t: TracesConfig) -> None:
+def _reported(picked: _Picked, t: TracesConfig) -> None:
     """Nothing left is a mistake; values fitting no rule cost one warning; the counts one line."""
     if not picked.runs:
         why = f"{picked.found} found" + (f" with data.mlflow.filter {t.filter!r}" if t.filter else "")

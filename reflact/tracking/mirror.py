@@ -301,7 +301,7 @@ def log_dataset(store: Store, c: RunContext, dataset: Dataset) -> None:
     """The dataset as an MLflow dataset input: the runs table's Datasets column, and its filters."""
     if dataset.origin is not None:  # read from traces: named by experiment, its source the filter too
         o = dataset.origin
-        profile = {**dataset_counts(dataset, c.cfg.reflect), "found": o.found, "unlabelled": o.unlabelled}
+        profile = {**dataset_counts(dataset, c.cfg.reflect), "found": o.found}
         store.log_dataset(f"traces:{','.join(o.experiments)}", o.digest, o.source(), profile, "mlflow_traces")
         return
     skill, results = dataset.paths
