@@ -124,6 +124,17 @@ def test_the_filter_is_passed_to_mlflow_and_max_traces_keeps_the_newest(store):
     assert {r.id for r in selected(store, "data.mlflow.max_traces=2").results} == {kept[2], left}
 
 
+def test_several_experiments_are_read_by_name_or_id(store):
+    import mlflow
+
+    first = labelled(1)
+    other = mlflow.set_experiment("other-agent").experiment_id
+    second = labelled(1)
+    both = selected(store, f"data.mlflow.experiment=[{EXPERIMENT},{other}]")
+    assert {r.id for r in both.results} == {*first, *second}
+    assert both.origin.experiments == (EXPERIMENT, other)
+
+
 def test_paging_goes_past_one_page_and_fetches_the_spans_of_each(store, monkeypatch):
     ids = [agent_trace(f"order {n}") for n in range(7)]
     for n, trace_id in enumerate(ids):
