@@ -120,14 +120,14 @@ class TracesConfig:
 
 @dataclass
 class DataConfig:
-    source: DataSource = DataSource.files
-    mlflow: TracesConfig = field(default_factory=TracesConfig)
     dir: str | None = None  # a dataset folder; the three paths below default into it
     skill: str | None = None
     results: str | None = None
     predictions: str | None = None
     on_bad_conversation: OnBadConversation = OnBadConversation.error
     max_file_mb: float = 64.0  # any input file larger than this is bad input (a runaway log, a wrong path)
+    source: DataSource = DataSource.files
+    mlflow: TracesConfig = field(default_factory=TracesConfig)
 
 
 @dataclass
