@@ -210,6 +210,19 @@ def test_the_importer_writes_a_folder_whose_run_builds_byte_identical_prompts(st
     assert prompts == file_bytes(over_folder.run_dir / "calls")
 
 
+def test_the_importer_says_a_mistake_in_one_line_and_writes_nothing(store, tmp_path, capsys):
+    from reflact.import_traces import main
+
+    agent_trace("no label")
+    with pytest.raises(SystemExit) as ended:
+        main([str(tmp_path / "out"), "--experiment", EXPERIMENT, "--label", "correct", "--tracking-uri", store])
+    assert ended.value.code == 2 and not (tmp_path / "out").exists()
+    assert capsys.readouterr().err.strip() == (
+        "reflact: error: data.mlflow.label: no traces left to read: 1 found, 1 without a feedback 'correct' "
+        "that says pass or fail"
+    )
+
+
 def test_the_same_traces_resume_and_changed_feedback_redoes_the_patches(store, tmp_path, server):
     ids = [agent_trace(f"Refund order {n}") for n in range(4)]
     for n, trace_id in enumerate(ids):
