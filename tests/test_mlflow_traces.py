@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -356,3 +359,17 @@ def test_traces_on_a_real_mlflow_server_are_read_page_by_page(tmp_path, migrated
     finally:
         mlflow.set_tracking_uri(before)
         stop(proc)
+
+
+def test_the_readme_example_logs_traces_a_run_reads(tmp_path):
+    """README "From your MLflow traces": the example script, then the run (a dry run here)."""
+    from tests.conftest import PROJECT, ok
+
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    script = subprocess.run([sys.executable, str(PROJECT / "examples" / "mlflow_traces.py")], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert script.returncode == 0, script.stderr[-2000:]
+    shown = ok(run_cli("data.source=mlflow", "data.mlflow.experiment=support-agent", "data.mlflow.label=correct",
+                       "optimizer=dry_run", cwd=tmp_path))
+    assert "read 5 traces from MLflow: 5 selected (3 failures, 2 successes), 0 unlabelled skipped" in shown
