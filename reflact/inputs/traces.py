@@ -261,6 +261,7 @@ class _Reader:
             stop=tenacity.stop_after_delay(self.patience_s),
             wait=tenacity.wait_exponential(multiplier=FIRST_RETRY_S, min=FIRST_RETRY_S, max=LAST_RETRY_S),
             retry=tenacity.retry_if_exception(silent),
+            before_sleep=self._waiting,
             reraise=True,
         )
         try:
@@ -271,6 +272,11 @@ class _Reader:
             raise UserError(f"{key}: MLflow refuses it: {one_line(exc.message)}") from None
         except (OSError, OperationalError, InterfaceError) as exc:
             raise self._silent(exc) from None
+
+    def _waiting(self, state) -> None:
+        if state.attempt_number == 1:  # said once, as the tracker says it
+            why = one_line(str(state.outcome.exception()))[:200]
+            log.info("MLflow at %s did not answer (%s); asking again for up to %g s", self.uri, why, self.patience_s)
 
     def _silent(self, exc: BaseException) -> UserError:
         return UserError(
