@@ -101,6 +101,23 @@ class Provider(Enum):
     azure = "azure"
 
 
+class DataSource(Enum):
+    files = "files"  # a dataset folder: data.dir, or data.skill and data.results
+    mlflow = "mlflow"  # scored traces in MLflow: data.mlflow (reflact.inputs.traces)
+
+
+@dataclass
+class TracesConfig:
+    """Where the traces are and which of them are read (data.source=mlflow)."""
+
+    experiment: Any = None  # an experiment's name or id, or a list of them
+    filter: str | None = None  # MLflow's search_traces filter, passed through as written
+    label: str | None = None  # the feedback whose value says pass or fail
+    pass_threshold: float = 0.5  # a numeric label passes at or above this
+    max_traces: int | None = None  # at most this many labelled traces, the newest first (null: all)
+    tracking_uri: str | None = None  # default: mlflow.tracking_uri
+
+
 @dataclass
 class DataConfig:
     dir: str | None = None  # a dataset folder; the three paths below default into it
@@ -113,6 +130,8 @@ class DataConfig:
     # skip: leave out runs whose conversation file is corrupt, recording why; error: stop
     on_bad_conversation: OnBadConversation = OnBadConversation.error
     max_file_mb: float = 64.0  # any input file larger than this is bad input (a runaway log, a wrong path)
+    source: DataSource = DataSource.files
+    mlflow: TracesConfig = field(default_factory=TracesConfig)
 
 
 @dataclass
@@ -559,7 +578,7 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     read by prompts.text_or_file when the stage is built, also before any call.
     """
     cfg.reflect.update_mode = normalize_mode(cfg.reflect.update_mode)
-    _check_data(cfg.data)
+    _check_data(cfg.data, cfg.mlflow)
     _check_reflect(cfg.reflect)
     _check_prompts(cfg.prompts)
     _check_optimizer_numbers(cfg.optimizer, get_mode(cfg.reflect.update_mode).full_rewrite)
@@ -651,10 +670,31 @@ def check_threshold(value: Any, key: str) -> float:
     return float(value)
 
 
-def _check_data(d: DataConfig) -> None:
+def _check_data(d: DataConfig, m: MlflowConfig) -> None:
     _number(d.max_file_mb, "data.max_file_mb", above=0)
+    if d.source is DataSource.mlflow:
+        check_traces(d.mlflow, m)
+        return
     if not d.dir and not (d.skill and d.results):
         raise UserError("no dataset: set data.dir (or data.skill and data.results)")
+
+
+def check_traces(t: TracesConfig, m: MlflowConfig) -> None:
+    """data.mlflow: where the traces are and what says pass or fail; the store is asked later."""
+    named = t.experiment if isinstance(t.experiment, list) else [t.experiment]
+    if not named or any(not isinstance(e, (str, int)) or not str(e).strip() for e in named):
+        raise UserError(
+            "data.mlflow.experiment: name the experiment(s) holding the traces, e.g. data.mlflow.experiment=agent"
+        )
+    if not t.label or not t.label.strip():
+        raise UserError(
+            "data.mlflow.label: name the feedback that says pass or fail, e.g. data.mlflow.label=correctness"
+        )
+    _number(t.pass_threshold, "data.mlflow.pass_threshold")
+    if t.max_traces is not None:
+        _at_least(t.max_traces, 1, "data.mlflow.max_traces")
+    if t.tracking_uri is not None:
+        _check_mlflow(replace(m, tracking_uri=t.tracking_uri), "data.mlflow.tracking_uri")
 
 
 def _check_reflect(r: ReflectConfig) -> None:
@@ -779,7 +819,7 @@ def _check_optimizer_urls(o: OptimizerConfig) -> None:
         _check_url(o.azure.endpoint, "optimizer.azure.endpoint", "https://<resource>.openai.azure.com", hint)
 
 
-def _check_mlflow(m: MlflowConfig) -> None:
+def _check_mlflow(m: MlflowConfig, uri_key: str = "mlflow.tracking_uri") -> None:
     if not 0 < m.deadline_s < math.inf:
         raise UserError(f"mlflow.deadline_s must be a positive number of seconds, not {m.deadline_s}")
     if not m.experiment or not m.experiment.strip():
@@ -793,8 +833,8 @@ def _check_mlflow(m: MlflowConfig) -> None:
         try:  # no stricter: MLflow takes paths with spaces, databricks://profile:prefix...
             parts = urlsplit(m.tracking_uri)
         except ValueError:
-            raise UserError("mlflow.tracking_uri is not a valid URI (check its brackets)") from None
-        _refuse_credentials(parts, "mlflow.tracking_uri", hint, path_too=False)
+            raise UserError(f"{uri_key} is not a valid URI (check its brackets)") from None
+        _refuse_credentials(parts, uri_key, hint, path_too=False)
 
 
 # what MLflow takes as a prompt's name and an alias: letters, digits, - _ . (an alias no dots)

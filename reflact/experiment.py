@@ -21,7 +21,8 @@ from reflact.calls.protocol import CHARS_PER_TOKEN, DRY_RUN_REPLY_TOKENS, DryRun
 from reflact.config import Execution, ReflactConfig, how_to_price, priced
 from reflact.errors import Stopped, StopSignal
 from reflact.imports import one_at_a_time
-from reflact.inputs.dataset import Dataset, load_dataset
+from reflact.inputs.dataset import Dataset
+from reflact.inputs.source import load_input
 from reflact.modes import get_mode
 from reflact.running.events import BatchNoted, Replied
 from reflact.running.rundir import RunDir, SweepDir, locked
@@ -68,7 +69,7 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
     """Everything that can be wrong with the inputs is found before the first call, and before
     `record_config` writes the run's config beside its outputs (a bad rerun changes nothing)."""
     started_at = time.time()
-    dataset = load_dataset(cfg.data, tracking_uri(cfg, launch.launch_dir))
+    dataset = load_input(cfg, launch.launch_dir)
     if launch.sweep_dir is None:  # a sweep's jobs are children of its parent run, checked as it opened
         check_parent(cfg, tracking_uri(cfg, launch.launch_dir))
     batching = batching_for(cfg, dataset, run_dir, launch) if cfg.optimizer.execution is Execution.batch else None

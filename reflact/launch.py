@@ -26,6 +26,11 @@ class LaunchDir:
         return self.outputs / "mlflow.db"
 
     @property
+    def mlflow_uri(self) -> str:
+        """The store a run logs to (and reads traces and prompts from) when mlflow.tracking_uri is unset."""
+        return f"sqlite:///{self.mlflow_store.resolve()}"
+
+    @property
     def mlflow_artifacts(self) -> Path:
         return self.outputs / "mlartifacts"
 

@@ -8,6 +8,7 @@ STATUSES = ("done", "reused", "failed", "skipped", "not_run", "dry_run")
 # every run count in summary.json and MLflow; the apply counts in patch mode only
 APPLY_METRICS = ("edits_applied", "edits_fallback", "edits_skipped", "apply_share")
 PROVENANCE_METRICS = ("edits_supported", "support_share", "trajectories_unused")  # with reflect.provenance
+TRACE_METRICS = ("unlabelled",)  # with data.source=mlflow
 RUN_METRICS = (
     "results",
     "failures",
@@ -32,4 +33,5 @@ RUN_METRICS = (
     "wall_time_s",
     *APPLY_METRICS,
     *PROVENANCE_METRICS,
+    *TRACE_METRICS,
 )

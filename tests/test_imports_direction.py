@@ -27,7 +27,8 @@ LAYERS = (
     ("tracking",),  # MLflow as a view of the run dir
     ("sweeps",),  # a multirun's parent run and grid report
     ("experiment",),  # one run end to end: the orchestration
-    ("run", "usage", "api", "analyze", "relog", "report", "importers", "compat", "testing", "batch"),  # the ways in
+    # the ways in
+    ("run", "usage", "api", "analyze", "relog", "report", "importers", "import_traces", "compat", "testing", "batch"),
 )
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 

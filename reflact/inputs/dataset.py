@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
-from reflact.config import DataConfig, OnBadConversation, dataset_paths
+from reflact.config import DataConfig, DataSource, OnBadConversation, dataset_paths
 from reflact.errors import UserError
 from reflact.inputs.registry import RegisteredSkill, is_prompt_uri, load_registered_skill
 
@@ -113,6 +113,10 @@ class Dataset:
     root: Folder | None = None  # the predictions folder no conversation or extras file may leave
     paths: tuple[Path, ...] = ()  # (skill, results) as read
     source: RegisteredSkill | None = None  # the prompt version the skill came from (data.skill=prompts:/...)
+    # read from MLflow traces (reflact.inputs.traces): each run's conversation held, not on disk
+    conversations: dict[str, list] | None = None
+    origin: Any = None  # then where they were read: a reflact.inputs.traces.Origin
+    selection: str = ""  # then the digest of the traces read, part of each patch's fingerprint
 
     def conversation_path(self, run_id: str) -> Path:
         return self.predictions / run_id / "conversation.json"
@@ -127,12 +131,14 @@ class Trajectory:
 
 def load_dataset(data: DataConfig, store_uri: str | None = None) -> Dataset:
     """`store_uri`: the run's MLflow store, whose Prompt Registry a `prompts:/` skill is read from."""
+    if data.source is not DataSource.files:
+        raise UserError(f"data.source={data.source.value}: no dataset folder to read (reflact.inputs.source reads it)")
     if data.dir and not Path(data.dir).is_dir():
         raise UserError(f"data.dir: no such folder: {data.dir}")
     skill_path, results_path, predictions = dataset_paths(data)
     # files found inside data.dir stay in it; paths given one by one are the user's choice
     base = Folder.of(Path(data.dir)) if data.dir else None
-    max_bytes = _max_bytes(data.max_file_mb)
+    max_bytes = max_bytes_of(data.max_file_mb)
     source = _registered(data, store_uri, max_bytes)
     skill = source.text if source else read_text(skill_path, "data.skill", max_bytes, root=None if data.skill else base)
     root = _predictions_root(data, predictions)
@@ -168,7 +174,7 @@ def _registered(data: DataConfig, store_uri: str | None, max_bytes: int) -> Regi
     return load_registered_skill(str(data.skill), store_uri, max_bytes)
 
 
-def _max_bytes(max_file_mb: object) -> int:
+def max_bytes_of(max_file_mb: object) -> int:
     size = max_file_mb * 1024 * 1024 if isinstance(max_file_mb, (int, float)) else math.nan
     if isinstance(max_file_mb, bool) or not math.isfinite(size) or size <= 0:
         raise UserError(f"data.max_file_mb: must be a positive number, got {max_file_mb!r}")
@@ -496,6 +502,13 @@ def _conversation(raw: bytes, path: Path) -> list:
 
 def load_trajectory(dataset: Dataset, result: Result) -> Trajectory:
     """A checked run, read again for its prompt block (files are re-checked the same way)."""
+    if dataset.conversations is not None:  # read from traces: everything is in the row
+        fields = result.fields
+        held: dict[str, Any] = {
+            "reference_text": fields.get("reference_text"),
+            **{key: fields.get(key) or "" for key in EXTRA_FILES},
+        }
+        return Trajectory(fields=fields, conversation=dataset.conversations[result.id], extras=held)
     folder = dataset.predictions / result.id
     try:
         conversation = parse_conversation(folder / "conversation.json", dataset.max_bytes, dataset.root)

@@ -459,11 +459,12 @@ def _outcome_ok(saved: object) -> TypeGuard[dict]:
     )
 
 
-def fingerprint(cfg: ReflactConfig, messages: list[dict], draw: int = 0) -> str:
+def fingerprint(cfg: ReflactConfig, messages: list[dict], draw: int = 0, selection: str = "") -> str:
     """What a saved patch must have been made from to be reused: everything that shapes the call,
     i.e. the model, mode, L, decoding settings, the draw's sample index (and the seed sent with it
     when there are several draws), and both messages (which hold the templates, the skill, the
-    contexts and the trajectories)."""
+    contexts and the trajectories), and for traces read from MLflow the digest of the whole
+    selection (`selection`: ids, label values, span content), so changed feedback redoes them."""
     o = cfg.optimizer
     shape = {
         "model": o.model,
@@ -474,6 +475,8 @@ def fingerprint(cfg: ReflactConfig, messages: list[dict], draw: int = 0) -> str:
         "sample": o.sample + draw,
         "messages": messages,
     }
+    if selection:  # only then: a dataset folder's fingerprints stay what they were
+        shape["selection"] = selection
     if o.samples > 1:  # only then is a seed sent: a single draw's fingerprint stays what it was
         shape["seed"] = o.sample + draw
     return cache_key(shape)

@@ -178,7 +178,7 @@ class Stage:
             return outcome, None
         prompt = self._prompt(mb, shown)
         outcome.parts, outcome.shortened = len(prompt.parts), prompt.shortened
-        fp = fingerprint(self.cfg, prompt.messages, mb.draw)
+        fp = fingerprint(self.cfg, prompt.messages, mb.draw, self.dataset.selection)
         saved = reused(self.run_dir, outcome, fp, self.mode.payload_key)
         if saved is not None:
             return outcome, saved

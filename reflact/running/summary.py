@@ -89,12 +89,15 @@ def settings(cfg: ReflactConfig, template_hashes: dict[str, str]) -> dict:
 def dataset_counts(dataset: Dataset, reflect: ReflectConfig) -> dict[str, int]:
     """The dataset's runs as the stage took them (also the MLflow dataset's profile)."""
     failures, successes = split(dataset.results, reflect.success_threshold, reflect.failure_only)
-    return {
+    counted = {
         "results": len(dataset.results),
         "failures": len(failures),
         "successes": len(successes),
         "skipped": len(dataset.skipped),
     }
+    if dataset.origin is not None:  # traces: those found without a usable label (reflact.inputs.traces)
+        counted["unlabelled"] = dataset.origin.unlabelled
+    return counted
 
 
 def counts(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], wall_time_s: float) -> dict:

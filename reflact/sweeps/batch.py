@@ -23,11 +23,11 @@ from omegaconf import DictConfig, OmegaConf
 from reflact.config import Execution, ReflactConfig, from_hydra
 from reflact.errors import UserError
 from reflact.imports import one_at_a_time
-from reflact.inputs.dataset import Dataset, load_dataset
+from reflact.inputs.dataset import Dataset
+from reflact.inputs.source import load_input
 from reflact.launch import LaunchDir
 from reflact.running.batch_requests import Unit
 from reflact.running.rundir import SweepDir
-from reflact.tracking.store import tracking_uri
 
 if TYPE_CHECKING:  # batch execution comes with the OpenAI SDK: imported when a job batches
     from reflact.running.batch import Batching
@@ -40,7 +40,7 @@ def sweep_batching(config: DictConfig, sweep_dir: Path, launch_dir: Path) -> Bat
     """The batch of the sweep's jobs that run with optimizer.execution=batch (None when none does)."""
     if not might_batch(config):  # a live sweep composes no job here
         return None
-    units = [unit for unit in job_units(config) if unit.cfg.optimizer.execution is Execution.batch]
+    units = [unit for unit in job_units(config, launch_dir) if unit.cfg.optimizer.execution is Execution.batch]
     if not units:
         return None
     with one_at_a_time():  # the SDK comes with it
@@ -61,7 +61,7 @@ def might_batch(config: DictConfig) -> bool:
     return getattr(own, "value", own) == "batch" or any("optimizer.execution" in str(o) for o in named)
 
 
-def job_units(config: DictConfig) -> list[Unit]:
+def job_units(config: DictConfig, launch_dir: Path) -> list[Unit]:
     """Each job the basic sweeper will launch, composed as its launcher composes it; none for
     another sweeper."""
     if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
@@ -81,13 +81,13 @@ def job_units(config: DictConfig) -> list[Unit]:
         for overrides in BasicSweeper.split_arguments(given, None)[0]:
             job = loader.load_sweep_config(config, list(overrides))
             HydraConfig.instance().set_config(job)  # the job's folder name resolves against its own config
-            units.append(_unit(job, datasets))
+            units.append(_unit(job, datasets, launch_dir))
     finally:
         HydraConfig.instance().set_config(config)
     return [unit for unit in units if unit is not None]
 
 
-def _unit(job: DictConfig, datasets: dict[str, Dataset]) -> Unit | None:
+def _unit(job: DictConfig, datasets: dict[str, Dataset], launch_dir: Path) -> Unit | None:
     """A job's settings, dataset and run dir; None when its settings or inputs are a mistake (the
     job itself says so when it runs)."""
     run_dir = Path(str(OmegaConf.select(job, "hydra.sweep.dir"))) / str(OmegaConf.select(job, "hydra.sweep.subdir"))
@@ -95,7 +95,7 @@ def _unit(job: DictConfig, datasets: dict[str, Dataset]) -> Unit | None:
         cfg = from_hydra(OmegaConf.masked_copy(job, [str(k) for k in job if k != "hydra"]))[0]
         data = repr(cfg.data)
         if data not in datasets:
-            datasets[data] = load_dataset(cfg.data, tracking_uri(cfg, Path.cwd()))  # the sweep's launch dir
+            datasets[data] = load_input(cfg, launch_dir)
     except UserError:
         return None
     return Unit(cfg, datasets[data], run_dir.resolve())

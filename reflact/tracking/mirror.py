@@ -322,6 +322,11 @@ def run_setting(r: ReflectConfig, o: OptimizerConfig) -> Setting:
 
 def log_dataset(store: Store, c: RunContext, dataset: Dataset) -> None:
     """The dataset as an MLflow dataset input: the runs table's Datasets column, and its filters."""
+    if dataset.origin is not None:  # read from traces: named by experiment, its source the filter too
+        o = dataset.origin
+        profile = {**dataset_counts(dataset, c.cfg.reflect), "found": o.found}
+        store.log_dataset(f"traces:{','.join(o.experiments)}", o.digest, o.source(), profile, "mlflow_traces")
+        return
     skill, results = dataset.paths
     conversations = [dataset.conversation_path(r.id) for r in dataset.results if r.id not in dataset.skipped]
     profile = dataset_counts(dataset, c.cfg.reflect)  # as summary.json counts

@@ -31,7 +31,8 @@ def edit_feedback(store, c: RunContext) -> int:
         from mlflow.entities import AssessmentSource, Feedback
         from mlflow.tracing.client import TracingClient
 
-    tracing = TracingClient(store.uri)
+    # the traces' own store: data.mlflow.tracking_uri when they were read from another one
+    tracing = TracingClient(c.cfg.data.mlflow.tracking_uri or store.uri)
     traces: dict[str, set[tuple[str, str, str]] | None] = {}  # trace id -> its reflact.edit keys (None: no trace)
     written = 0
     for row in c.run_dir.kept_items():

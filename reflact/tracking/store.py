@@ -58,7 +58,7 @@ PAGE = 1000  # runs per search request
 
 
 def default_tracking_uri(launch_dir: Path) -> str:
-    return f"sqlite:///{LaunchDir(launch_dir).mlflow_store.resolve()}"
+    return LaunchDir(launch_dir).mlflow_uri
 
 
 def tracking_uri(cfg: ReflactConfig, launch_dir: Path) -> str:
@@ -260,15 +260,15 @@ class Store:
             write_text(self._artifact_dir / name, table_json(table))
         return table_tag(name)
 
-    def log_dataset(self, name: str, digest: str, source: str, profile: dict) -> None:
+    def log_dataset(self, name: str, digest: str, source: str | dict, profile: dict, kind: str = "local") -> None:
         with one_at_a_time():
             from mlflow.entities import Dataset, DatasetInput, InputTag
 
         dataset = Dataset(
             name=name,
             digest=digest,
-            source_type="local",
-            source=json.dumps({"uri": source}),
+            source_type=kind,  # a folder's URI is its source; traces name their store, experiment, filter
+            source=json.dumps(source if isinstance(source, dict) else {"uri": source}),
             profile=json.dumps(profile),
         )
         inputs = [DatasetInput(dataset, [InputTag("mlflow.data.context", "reflect")])]
