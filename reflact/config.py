@@ -130,6 +130,7 @@ class DataConfig:
     # skip: leave out runs whose conversation file is corrupt, recording why; error: stop
     on_bad_conversation: OnBadConversation = OnBadConversation.error
     max_file_mb: float = 64.0  # any input file larger than this is bad input (a runaway log, a wrong path)
+    # files: a dataset folder (data.dir); mlflow: scored traces in an MLflow store (data.mlflow)
     source: DataSource = DataSource.files
     mlflow: TracesConfig = field(default_factory=TracesConfig)
 
