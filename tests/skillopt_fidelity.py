@@ -189,24 +189,7 @@ def first_difference(a, b, where: str = "") -> str:
 
 
 def _adapter(setup: Setup):
-    import skillopt.envs.base as base
-
-    class ReplayAdapter(base.EnvAdapter):
-        analyst_workers, failure_only, minibatch_size, edit_budget = setup.workers, False, setup.minibatch_size, 2
-
-        def build_train_env(self, batch_size, seed, **kwargs):
-            return replay.Replay(replay.train_ids(batch_size, seed))
-
-        def build_eval_env(self, env_num, split, seed, **kwargs):
-            return replay.Replay(replay.VALID[:env_num])
-
-        def rollout(self, env_manager, skill_content, out_dir, **kwargs):
-            return replay.rollout(env_manager.ids, skill_content, out_dir)
-
-        def get_task_types(self):
-            return ["orders"]
-
-    return ReplayAdapter()
+    return replay.adapter_class(setup.workers, setup.minibatch_size)()
 
 
 def _run(spec: dict) -> None:

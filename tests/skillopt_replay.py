@@ -114,6 +114,29 @@ TEMPLATES = {  # the role each stand-in names, so the optimizer knows what it is
 }
 
 
+def adapter_class(workers: int, minibatch_size: int) -> type:
+    """SkillOpt's environment adapter over the replay: its analyst workers and M as given, L=2."""
+    import skillopt.envs.base as base
+
+    class ReplayAdapter(base.EnvAdapter):
+        analyst_workers, failure_only, edit_budget = workers, False, 2
+
+        def build_train_env(self, batch_size, seed, **kwargs):
+            return Replay(train_ids(batch_size, seed))
+
+        def build_eval_env(self, env_num, split, seed, **kwargs):
+            return Replay(VALID[:env_num])
+
+        def rollout(self, env_manager, skill_content, out_dir, **kwargs):
+            return rollout(env_manager.ids, skill_content, out_dir)
+
+        def get_task_types(self):
+            return ["orders"]
+
+    ReplayAdapter.minibatch_size = minibatch_size
+    return ReplayAdapter
+
+
 def write_templates(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in TEMPLATES.items():

@@ -26,7 +26,6 @@ from tests import skillopt_replay as replay
 pytest.importorskip("skillopt.engine.trainer")
 pytest.importorskip("skillopt.envs.base")
 import skillopt.engine.trainer as trainer_module
-import skillopt.envs.base as base
 import skillopt.gradient.reflect as skillopt_reflect
 import skillopt.model.azure_openai as skillopt_openai
 import skillopt.optimizer.skill_aware as skill_aware
@@ -42,22 +41,9 @@ SUPPORT = {"support_count", "support_counts"}
 OWN = ("patches", "patches.reflact")
 
 
-class ReplayAdapter(base.EnvAdapter):
-    # one worker: SkillOpt's own reflect returns its patches in completion order, which is then its
-    # order by index only with one worker (reflact's order is the plan's with any number)
-    analyst_workers, failure_only, minibatch_size, edit_budget = 1, False, 3, 2
-
-    def build_train_env(self, batch_size, seed, **kwargs):
-        return replay.Replay(replay.train_ids(batch_size, seed))
-
-    def build_eval_env(self, env_num, split, seed, **kwargs):
-        return replay.Replay(replay.VALID[:env_num])
-
-    def rollout(self, env_manager, skill_content, out_dir, **kwargs):
-        return replay.rollout(env_manager.ids, skill_content, out_dir)
-
-    def get_task_types(self):
-        return ["orders"]
+# one worker: SkillOpt's own reflect returns its patches in completion order, which is then its
+# order by index only with one worker (reflact's order is the plan's with any number)
+ReplayAdapter = replay.adapter_class(workers=1, minibatch_size=3)
 
 
 def trainer_config(out_root: Path, server: OptimizerServer, mode: str) -> dict:

@@ -202,29 +202,8 @@ def _shown(row: dict, metric: str, form: str) -> str:
 
 
 def write_picture(rows: list[dict], out: Path) -> list[Path]:
-    """One PNG per mode: a heatmap of each metric over M (rows) and L (columns)."""
-    with one_at_a_time():
-        import matplotlib
-
-    matplotlib.use("Agg")
-    with one_at_a_time():
-        import matplotlib.pyplot as plt
-
-    paths = []
-    for mode in sorted({r["mode"] for r in rows}):
-        cells = [r for r in rows if r["mode"] == mode]
-        fig, axes = plt.subplots(3, 4, figsize=(17, 11))
-        for ax, metric in zip(axes.flat, PANELS, strict=False):
-            _heatmap(fig, ax, cells, metric)
-        for ax in axes.flat[len(PANELS) :]:
-            ax.axis("off")
-        fig.suptitle(f"{mode}: mean ± std over each cell's finished jobs")
-        fig.tight_layout()
-        path = out / f"grid_{mode}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
-    return paths
+    """One PNG per mode, `grid_<mode>.png`: a heatmap of each metric over M (rows) and L (columns)."""
+    return _pictures(rows, out, "grid", PANELS, (3, 4), (17, 11), "{}: mean ± std over each cell's finished jobs")
 
 
 # what a researcher looks at first, one picture per mode large enough to read in MLflow's artifact view
@@ -235,6 +214,14 @@ OUTCOMES_SIZE = (15, 4.6)  # inches, at 110 dpi
 def write_outcomes(rows: list[dict], out: Path) -> list[Path]:
     """One PNG per mode, `outcomes_<mode>.png`: M x L heatmaps of edits kept, agreement over draws and
     cost, beside the grid of every metric (write_picture); a figure not defined reads – in its cells."""
+    title = "{}: edits kept, agreement and cost over M x L (mean over each cell's finished jobs)"
+    return _pictures(rows, out, "outcomes", OUTCOMES, (1, len(OUTCOMES)), OUTCOMES_SIZE, title)
+
+
+def _pictures(
+    rows: list[dict], out: Path, name: str, metrics: tuple[str, ...], grid: tuple[int, int], size, title: str
+) -> list[Path]:
+    """`<name>_<mode>.png` per mode: one heatmap per metric on a grid of panels, the rest blank."""
     with one_at_a_time():
         import matplotlib
 
@@ -245,12 +232,14 @@ def write_outcomes(rows: list[dict], out: Path) -> list[Path]:
     paths = []
     for mode in sorted({r["mode"] for r in rows}):
         cells = [r for r in rows if r["mode"] == mode]
-        fig, axes = plt.subplots(1, len(OUTCOMES), figsize=OUTCOMES_SIZE)
-        for ax, metric in zip(axes, OUTCOMES, strict=True):
+        fig, axes = plt.subplots(*grid, figsize=size, squeeze=False)
+        for ax, metric in zip(axes.flat, metrics, strict=False):
             _heatmap(fig, ax, cells, metric)
-        fig.suptitle(f"{mode}: edits kept, agreement and cost over M x L (mean over each cell's finished jobs)")
+        for ax in axes.flat[len(metrics) :]:
+            ax.axis("off")
+        fig.suptitle(title.format(mode))
         fig.tight_layout()
-        path = out / f"outcomes_{mode}.png"
+        path = out / f"{name}_{mode}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
