@@ -2,7 +2,7 @@
 # Everything a user of the installed wheel has, each command checked by what it leaves behind
 # (.ci/wheel_checks.py), not only by its exit code: the CLI, the demo (dry, and against the shipped
 # stand-in optimizer), analyze, relog, importers, reflact.reflect(), the SkillOpt entry, the
-# README's joblib sweep twice into one sweep dir (fresh, then resumed), the grid report, and a soak of demo runs.
+# joblib sweep of docs/sweeps.md twice into one sweep dir (fresh, then resumed), the grid report, and a soak of demo runs.
 #
 #   .ci/wheel_surface.sh VENV LAUNCH_DIR     (from .ci/run: the wheel's venv, an empty directory)
 set -euo pipefail
@@ -53,7 +53,7 @@ tail -n 1 logs/reflect.out
 logged skillopt check skillopt "$url"
 tail -n 1 logs/skillopt.out
 
-# the README's parallel sweep, on 2 x 2 of its 3 x 3 M x L cells (the command line's values
+# docs/sweeps.md's parallel sweep, on 2 x 2 of its 3 x 3 M x L cells (the command line's values
 # replace the grid's; its 3 seeds stay: 12 jobs); then the same command again resumes it
 for round in fresh resume; do
     step "joblib sweep, $round"

@@ -1,4 +1,4 @@
-"""Screenshots of reflact's MLflow dashboards for the README, taken from a real `mlflow ui`.
+"""Screenshots of reflact's MLflow dashboards for the docs, taken from a real `mlflow ui`.
 
     python docs/screenshots.py                  # from the repository root, with the project's python
     python docs/screenshots.py --out shots --keep

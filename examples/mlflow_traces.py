@@ -5,7 +5,7 @@
 Each trace has an AGENT root span (the question), two CHAT_MODEL spans (the model's turns, the
 system message being the skill) and a TOOL span (the refund call), then a feedback "correct" from
 a reviewer (with why, when it failed) and an expectation (the answer that was wanted). reflact
-reads them with data.source=mlflow (see the README's "From your MLflow traces").
+reads them with data.source=mlflow (see docs/mlflow.md, "From your MLflow traces").
 """
 
 from __future__ import annotations

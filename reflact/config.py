@@ -341,7 +341,7 @@ class JudgeConfig:
 
 @dataclass
 class AnalysisConfig:
-    # which matcher decides that two items are the same change (README: "Reading agreement and redundancy")
+    # which matcher decides that two items are the same change (docs/agreement.md)
     matcher: Matcher = Matcher.lexical
     # cheap vetoes on embedding matches (reflact.analysis.guards: numbers, negation, target); negation is
     # left out by default: on the labelled pairs it cost 7 of 30 paraphrases (bench/README.md)

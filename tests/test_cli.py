@@ -177,7 +177,7 @@ def test_config_error_leaves_a_finished_run_dir_alone(demo):
 
 
 def test_config_error_leaves_the_recorded_config_alone(demo):
-    # README: "earlier outputs are left as they were"; .hydra/ is the record of the config that
+    # docs/errors.md: "earlier outputs ... are left as they were"; .hydra/ is the record of the config that
     # made the patches beside it
     bad, again = demo["steps"]["bad"], demo["steps"]["again"]
     assert bad["proc"].returncode == 2

@@ -363,8 +363,8 @@ def test_traces_on_a_real_mlflow_server_are_read_page_by_page(tmp_path, migrated
         stop(proc)
 
 
-def test_the_readme_example_logs_traces_a_run_reads(tmp_path):
-    """README "From your MLflow traces": the example script, then the run (a dry run here)."""
+def test_the_docs_example_logs_traces_a_run_reads(tmp_path):
+    """docs/mlflow.md, "From your MLflow traces": the example script, then the run (a dry run here)."""
     from tests.conftest import PROJECT, ok
 
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}

@@ -1,6 +1,6 @@
 """The after-the-fact tools' options (issue 36, items 14 and 17): `python -m reflact.analyze --set`
-takes what `python -m reflact.run` takes (Hydra's override grammar), the README's examples work as
-written, analyze prints reflact's own lines only, and an --out naming a file is one line, exit 2."""
+takes what `python -m reflact.run` takes (Hydra's override grammar), the examples of docs/agreement.md
+work as written, analyze prints reflact's own lines only, and an --out naming a file is one line, exit 2."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from reflact.sweeps import grid_report
 from reflact.testing.optimizer_server import OptimizerServer, Response
 from tests.conftest import PROJECT, write_dataset
 
-README = (PROJECT / "README.md").read_text(encoding="utf-8")
+# the page whose `python -m reflact.analyze` examples a user copies (the README links it)
+AGREEMENT_PAGE = (PROJECT / "docs" / "agreement.md").read_text(encoding="utf-8")
 
 
 def embeddings_too(request: dict, number: int) -> Response | None:
@@ -80,7 +81,7 @@ def test_analyze_set_mistakes_name_the_option_and_the_override(finished, item, n
 
 
 def test_a_config_objects_overrides_read_as_the_command_line_does():
-    """reflect(config=..., overrides=[...]) and SkillOpt's install(overrides=[...]), whose README example
+    """reflect(config=..., overrides=[...]) and SkillOpt's install(overrides=[...]), whose docs/skillopt.md example
     is `["optimizer.cache=off"]`: the same grammar as the command line, not YAML's."""
     from reflact.api import compose, with_overrides
 
@@ -92,23 +93,23 @@ def test_a_config_objects_overrides_read_as_the_command_line_does():
         with_overrides(cfg, ["optimizer.cache=maybe"])
 
 
-def readme_set_values() -> list[str]:
-    """Every `--set VALUE` the README shows, unquoted as a shell would."""
-    found = re.findall(r"--set\s+('[^']*'|[^\s`]+)", README)
-    assert found, "the README shows no --set"
+def shown_set_values() -> list[str]:
+    """Every `--set VALUE` docs/agreement.md shows, unquoted as a shell would."""
+    found = re.findall(r"--set\s+('[^']*'|[^\s`]+)", AGREEMENT_PAGE)
+    assert found, "docs/agreement.md shows no --set"
     return [shlex.split(value)[0] for value in found]
 
 
-def test_every_set_the_readme_shows_is_taken(finished):
-    cfg = analyze.settings([finished], None, readme_set_values())
-    assert cfg.analysis.embedding.base_url  # the README's endpoint example
+def test_every_set_the_docs_show_is_taken(finished):
+    cfg = analyze.settings([finished], None, shown_set_values())
+    assert cfg.analysis.embedding.base_url  # the page's endpoint example
 
 
-def test_the_readmes_analyze_example_works_as_written_and_prints_only_reflacts_lines(tmp_path, finished, stand_in):
+def test_the_docs_analyze_example_works_as_written_and_prints_only_reflacts_lines(tmp_path, finished, stand_in):
     """`python -m reflact.analyze run_a --matcher embedding --set analysis.embedding.base_url=URL`,
     the URL being the stand-in's: the analysis asks it for embeddings, and the console holds no line of
     the HTTP client's (httpx logs one per request at INFO)."""
-    [example] = [line for line in README.splitlines()
+    [example] = [line for line in AGREEMENT_PAGE.splitlines()
                  if line.startswith("python -m reflact.analyze") and "--set" in line]
     argv = shlex.split(example.split("#")[0])[3:]
     argv = [re.sub(r"http://127\.0\.0\.1:\d+/v1", stand_in.base_url, arg) for arg in argv]

@@ -26,7 +26,7 @@ reflact's own record of the run (prompts, replies, outcomes, summary, MLflow run
 the MLflow store are in its `outputs/` (`cache.db`, `mlflow.db`, `mlartifacts/`), so nothing is
 written into the trainer's working directory. Where reflact deliberately differs from the reference (sorted input,
 stricter parsing and re-asks, fenced trajectories, deterministic order, a support count per
-patch with `support_counts=True`): see the README, "SkillOpt".
+patch with `support_counts=True`): see docs/skillopt.md.
 """
 
 from __future__ import annotations
