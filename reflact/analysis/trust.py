@@ -93,8 +93,8 @@ def _held_out(trust: dict) -> str:
     if not trust.get("held_out_labelled_pairs"):
         return ""
     return (
-        f"; on the {trust['held_out_labelled_pairs']} of them held out from its tuning, "
-        f"{trust['held_out_paraphrases_matched']} of {trust['held_out_paraphrases']} and "
+        f"; on the {trust['held_out_labelled_pairs']} of them held out from its tuning, it matches "
+        f"{trust['held_out_paraphrases_matched']} of {trust['held_out_paraphrases']} paraphrases and merges "
         f"{trust['held_out_different_merged']} of {trust['held_out_different_changes']}"
     )
 
