@@ -174,6 +174,8 @@ def test_an_endpoint_without_embeddings_is_one_line_and_the_run_stands(tmp_path,
 def test_embedding_settings_are_checked_before_any_call(tmp_path):
     with pytest.raises(UserError, match="analysis.embedding.threshold"):
         make_config("data.dir=x", "analysis.embedding.threshold=1.5")
+    with pytest.raises(UserError, match="analysis.guards: unknown guard 'wordings' .known: .*, wording"):
+        make_config("data.dir=x", "analysis.guards=[numbers,wordings]")
     with pytest.raises(UserError, match="analysis.embedding.model: 'm' has no price"):
         make_config("data.dir=x", "analysis.matcher=embedding", "analysis.embedding.model=m",
                     "optimizer.max_cost_usd=1", "+optimizer.prices.gpt-5={input:1,output:1}")
