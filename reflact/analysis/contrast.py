@@ -152,10 +152,7 @@ def passing(keys: list[Key], names: tuple[str, ...], a, b, embed: Callable | Non
     for key, c in zip(keys, code.tolist(), strict=True):
         first.setdefault(c, key)
     pairs, where = np.unique(np.stack([code[a[differ]], code[b[differ]]], axis=1), axis=0, return_inverse=True)
-    verdict = [_judge(names, first[i], first[j]) for i, j in pairs.tolist()]
-    if embed is None:  # without embeddings `wording` vetoes only what the words alone decide
-        verdict = [v if isinstance(v, bool) else True for v in verdict]
-    verdict = _wording(verdict, embed)
+    verdict = _wording([_judge(names, first[i], first[j]) for i, j in pairs.tolist()], embed)
     keep[differ] = np.array(verdict, dtype=bool)[where.reshape(-1)]
     return keep
 
@@ -175,9 +172,12 @@ def _judge(names: tuple[str, ...], first: Key, second: Key) -> bool | Difference
 
 
 def _wording(verdict: list, embed: Callable | None) -> list:
-    """Decides the pairs left open: their differing parts must mean the same."""
+    """Decides the pairs left open: their differing parts must mean the same (without embeddings,
+    `wording` vetoes only what the words alone decide)."""
     open_ = [i for i, v in enumerate(verdict) if isinstance(v, Difference)]
-    if not open_ or embed is None:
+    if embed is None:
+        return [v is not False for v in verdict]
+    if not open_:
         return verdict
     texts = [" ".join(verdict[i].left) for i in open_] + [" ".join(verdict[i].right) for i in open_]
     vectors = embed(texts)
