@@ -343,9 +343,10 @@ class JudgeConfig:
 class AnalysisConfig:
     # which matcher decides that two items are the same change (docs/agreement.md)
     matcher: Matcher = Matcher.lexical
-    # cheap vetoes on embedding matches (reflact.analysis.guards: numbers, negation, target); negation is
-    # left out by default: on the labelled pairs it cost 7 of 30 paraphrases (bench/README.md)
-    guards: list[str] = field(default_factory=lambda: ["numbers", "target"])
+    # vetoes on embedding matches (reflact.analysis.guards: numbers, negation, target, order, operation,
+    # wording); negation is left out by default: on the labelled pairs it cost 7 of 30 paraphrases
+    # (bench/README.md); wording embeds the differing words of two mostly shared wordings
+    guards: list[str] = field(default_factory=lambda: ["numbers", "target", "order", "operation", "wording"])
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     # two items match when every compared field (lowercased, whitespace collapsed, words sorted)
@@ -614,9 +615,10 @@ def _check_analysis(cfg: ReflactConfig) -> None:
     _at_least(a.embedding.batch, 1, "analysis.embedding.batch")
     _at_least(a.judge.batch, 1, "analysis.judge.batch")
     _at_least(a.judge.max_output_tokens, 1, "analysis.judge.max_output_tokens")
-    unknown = [name for name in a.guards if name not in ("numbers", "negation", "target")]
+    known = ("numbers", "negation", "target", "order", "operation", "wording")  # reflact.analysis.guards.NAMES
+    unknown = [name for name in a.guards if name not in known]
     if unknown:
-        raise UserError(f"analysis.guards: unknown guard {unknown[0]!r} (known: numbers, negation, target)")
+        raise UserError(f"analysis.guards: unknown guard {unknown[0]!r} (known: {', '.join(known)})")
     if not a.embedding.model or not a.embedding.model.strip():
         raise UserError("analysis.embedding.model is empty: name the embedding model the endpoint serves")
     if a.embedding.api_key_env is not None:

@@ -213,7 +213,8 @@ class EmbeddingMatcher:
             block = vectors[[row[i] for i in members]]
             for a, b in _similar(block, self.threshold):
                 if self.guards:
-                    keep = passing(cast("list[Key]", [keys[i] for i in members]), self.guards, a, b)
+                    members_keys = cast("list[Key]", [keys[i] for i in members])
+                    keep = passing(members_keys, self.guards, a, b, self.embedder.vectors)
                     a, b = a[keep], b[keep]
                 yield positions[a], positions[b]
 
