@@ -1,0 +1,195 @@
+"""Rules a one-line change broke unnoticed (issue 41), each held here by a fast test that fails when
+its rule is broken (each checked once by breaking the rule by hand): what `failed_calls` counts,
+how params render, the analysis's budget and matchers, the dry run's estimate, seed-agreement
+cells, relog's traces, repaired replies, the analysis's share of the cost cap, and a sweep
+parent's means. Most run in-process against the loopback stand-in server in well under a second."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from reflact.config import PARAM_MAX_CHARS, params
+from reflact.experiment import Launch, run_experiment
+from reflact.running.summary import counts
+from reflact.testing.optimizer_server import Response, chat_body, default_reply, embedding_body
+from tests.conftest import make_config, stage_for, write_dataset
+
+OFFLINE = ("data.dir=unused", "optimizer.base_url=http://127.0.0.1:9", "optimizer.model=test")
+QUICK = ("optimizer.model=test", "optimizer.retry.initial_wait_s=0.01", "optimizer.retry.max_wait_s=0.02",
+         "mlflow.enabled=false", "reflect.workers=1", "reflect.minibatch_size=1")
+
+
+def settings(server, data: Path, *extra: str) -> list[str]:
+    return [f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.cache=off", *QUICK, *extra]
+
+
+def run(tmp_path: Path, name: str, *overrides: str):
+    return run_experiment(make_config(*overrides), {}, tmp_path / name, Launch(tmp_path))
+
+
+def shown_id(request: dict) -> str:
+    """The first trajectory id a chat request shows ('' for an embeddings request)."""
+    if "messages" not in request:
+        return ""
+    user = request["messages"][1]["content"]
+    return user.split("(id: ", 1)[1].split(")", 1)[0] if "(id: " in user else ""
+
+
+def one_edit(request: dict, content: str, completion_tokens: int = 50) -> Response:
+    """A valid reply whose patch is the one append edit `content`."""
+    reply = default_reply(request)
+    reply["patch"] = {"reasoning": "r", "edits": [{"op": "append", "content": content}]}
+    return Response(body=chat_body(json.dumps(reply), completion_tokens=completion_tokens))
+
+
+# ---------------------------------------------------------------- 1. failed_calls counts requests
+
+
+def test_failed_calls_counts_failed_requests_not_minibatches_without_a_usable_reply(tmp_path, server):
+    data = write_dataset(tmp_path / "d", n_fail=3, n_succ=0)
+
+    def script(request, number):
+        if shown_id(request) == "run_00000":  # an API error after the retries: one failed request
+            return Response(status=500, body={"error": {"message": "down"}})
+        if shown_id(request) == "run_00001":  # never usable, re-asked once: two requests, none failed
+            return Response(body=chat_body("No object here."))
+        return None
+
+    server.script = script
+    done = run(tmp_path, "run", *settings(server, data, "optimizer.retry.max_attempts=2", "reflect.max_reasks=1"))
+    c = done.summary["counts"]
+    assert (c["minibatches_failed"], c["minibatches_done"], c["failed_calls"]) == (2, 1, 1)
+    assert c["reasks"] == 1 and server.count == 2 + 2 + 1
+
+    # a run stopped before its requests: every minibatch failed, no request failed
+    stage = stage_for(tmp_path, server, data, "reflect.minibatch_size=1", "reflect.workers=1", run_dir=tmp_path / "s")
+    stage.asker.stopping.set()
+    outcomes = stage.run()
+    stopped = counts(stage.cfg, stage.dataset, outcomes, 0.0)
+    assert all(o.error.startswith("stopped") for o in outcomes)
+    assert (stopped["minibatches_failed"], stopped["failed_calls"]) == (3, 0)
+
+
+# ---------------------------------------------------------------- 2. and 3. how params render
+
+
+def test_params_show_an_enum_setting_as_its_value():
+    p = params(make_config(*OFFLINE, "optimizer.cache=read", "optimizer.service_tier=flex",
+                           "analysis.matcher=embedding", "data.on_bad_conversation=skip"))
+    assert (p["optimizer.cache"], p["optimizer.service_tier"], p["analysis.matcher"]) == ("read", "flex", "embedding")
+    assert (p["optimizer.provider"], p["optimizer.structured_output"], p["reflect.update_mode"]) == (
+        "openai", "auto", "patch")
+    assert p["data.on_bad_conversation"] == "skip"
+
+
+def test_a_param_longer_than_500_characters_is_cut_to_500_with_an_ellipsis_and_one_of_500_is_whole():
+    assert PARAM_MAX_CHARS == 500  # the documented limit (behaviour.md 10.1)
+    whole, cut = "w" * 499 + "z", "c" * 500 + "z"
+    p = params(make_config(*OFFLINE, f"reflect.meta_skill={whole}", f"reflect.step_buffer={cut}"))
+    assert p["reflect.meta_skill"] == whole
+    assert p["reflect.step_buffer"] == "c" * 499 + "…" and len(p["reflect.step_buffer"]) == 500
+
+
+def test_a_sweep_parents_swept_values_are_cut_to_500_characters_like_every_param():
+    from reflact.sweeps.sweep import listed
+
+    seeds = [str(n) for n in range(300)]  # "0,1,...,299": 1,189 characters
+    shown = listed({"reflect.seed": seeds, "reflect.edit_budget": ["1", "2"]})
+    assert shown["reflect.seed"] == ",".join(seeds)[:499] + "…"
+    assert shown["reflect.edit_budget"] == "1,2"
+    exact = ["x" * 249, "y" * 250]  # joined: exactly 500
+    assert listed({"k": exact})["k"] == ",".join(exact)
+
+
+# ---------------------------------------------------------------- 4. analysis.max_items
+
+
+def test_a_run_with_more_kept_items_than_analysis_max_items_skips_its_analysis_and_one_with_as_many_does_not(
+        tmp_path, server, caplog):
+    data = write_dataset(tmp_path / "d", n_fail=1, n_succ=0)  # one minibatch: L=4 items kept
+    base = settings(server, data, "reflect.edit_budget=4")
+    analysed = run(tmp_path, "at", *base, "analysis.max_items=4").analysis
+    assert "skipped" not in analysed and analysed["edits"] == 4 and analysed["redundancy"] == 0.0
+    caplog.set_level(logging.INFO, logger="reflact")
+    over = run(tmp_path, "over", *base, "analysis.max_items=3").analysis
+    why = "4 kept items, over analysis.max_items=3"
+    assert over["skipped"].startswith(why) and "python -m reflact.analyze" in over["skipped"]
+    assert "redundancy" not in over
+    assert json.loads((tmp_path / "over" / "analysis.json").read_text())["skipped"] == over["skipped"]
+    assert f"analysis: {why}" in caplog.text
+
+
+# ---------------------------------------------------------------- 5. the dry run's estimate
+
+
+@pytest.mark.parametrize("mode,counts_skill", [("patch", False), ("rewrite", False), ("full_rewrite", True)])
+def test_the_dry_runs_reply_estimate_counts_the_skill_only_for_a_full_rewrite(tmp_path, mode, counts_skill):
+    data = write_dataset(tmp_path / "d", n_fail=2, n_succ=1)
+    skill = (data / "skill.md").read_text() + "- a long rule\n" * 300  # 4,000+ characters
+    (data / "skill.md").write_text(skill)
+    done = run(tmp_path, "dry", f"data.dir={data}", "optimizer=dry_run", *QUICK, f"reflect.update_mode={mode}",
+               "reflect.minibatch_size=2", "+optimizer.prices.test={input:1,output:2}")
+    c = done.summary["counts"]
+    per_reply = 1500 + (len(skill) // 4 if counts_skill else 0)
+    assert c["minibatches_dry_run"] == 2 and c["tokens_completion"] == 2 * per_reply
+    assert c["cost_usd"] == pytest.approx((c["tokens_prompt"] + 2 * c["tokens_completion"]) / 1e6, abs=1e-6)
+
+
+# ---------------------------------------------------------------- 6. seed-agreement cells
+
+
+def test_runs_that_differ_only_in_seed_and_workers_share_one_seed_agreement_cell(tmp_path, server):
+    from reflact.analysis.figures import load_runs_quietly, seed_agreement
+
+    data = write_dataset(tmp_path / "d", n_fail=2, n_succ=0)
+    base = settings(server, data, "reflect.minibatch_size=2")
+    run(tmp_path, "a", *base, "reflect.seed=1", "reflect.workers=1")
+    run(tmp_path, "b", *base, "reflect.seed=2", "reflect.workers=3")
+    run(tmp_path, "c", *base, "reflect.seed=3", "reflect.edit_budget=2")  # another L: another cell
+    rows = seed_agreement(load_runs_quietly([tmp_path / "a", tmp_path / "b", tmp_path / "c"]), 0.85)
+    assert sorted((r["L"], r["seeds"], r["runs"]) for r in rows) == [(2, 1, 1), (4, 2, 2)]
+    [pair] = [r for r in rows if r["L"] == 4]
+    assert pair["seed_agreement"] is not None and pair["edits"] == 8
+
+
+# ---------------------------------------------------------------- 7. relog's traces
+
+
+def test_relog_writes_one_trace_per_recorded_request_with_its_messages_and_usage(tmp_path, server, migrated_store):
+    from mlflow.tracking import MlflowClient
+
+    import reflact
+    from reflact.relog import relog
+    from reflact.running.rundir import TRACES
+
+    data = write_dataset(tmp_path / "d", n_fail=2, n_succ=1)
+    live, again = tmp_path / "live.db", tmp_path / "again.db"
+    shutil.copy(migrated_store, live)
+    shutil.copy(migrated_store, again)
+    failing = iter([Response(body=chat_body("not yet an object"))])  # one re-ask: 4 requests, 3 minibatches
+    server.script = lambda request, number: next(failing, None)
+    overrides = [o for o in settings(server, data) if not o.startswith(("data.dir", "mlflow."))]
+    done = reflact.reflect(data, overrides=[*overrides, f"mlflow.tracking_uri=sqlite:///{live}"],
+                           run_dir=tmp_path / "run", launch_dir=tmp_path)
+    assert done.status == "FINISHED" and done.summary["counts"]["calls"] == 4
+    recorded = [json.loads(line) for line in (tmp_path / "run" / TRACES).read_text().splitlines()]
+    assert len(recorded) == 4
+
+    run_id = relog(tmp_path / "run", tmp_path, f"sqlite:///{again}")
+    client = MlflowClient(tracking_uri=f"sqlite:///{again}")
+    experiment = client.get_experiment_by_name("reflact")
+    traces = client.search_traces(locations=[experiment.experiment_id], run_id=run_id, max_results=100)
+    by_request = {(t.info.tags["reflact.minibatch"], int(t.info.tags["reflact.request"])): t for t in traces}
+    assert set(by_request) == {(r["tag"], r["number"]) for r in recorded} and len(traces) == 4
+    for record in recorded:
+        span = by_request[(record["tag"], record["number"])].data.spans[0]
+        assert span.inputs["messages"] == record["messages"]
+        assert span.attributes["tokens_prompt"] == record["reply"]["usage"]["prompt"] == 100
+        assert span.attributes["tokens_completion"] == 50
