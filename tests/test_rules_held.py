@@ -43,10 +43,11 @@ def shown_id(request: dict) -> str:
 
 
 def one_edit(request: dict, content: str, completion_tokens: int = 50) -> Response:
-    """A valid reply whose patch is the one append edit `content`."""
+    """A valid reply whose patch is the one append edit `content` (its characters as they are in the
+    reply's text: the body's JSON escapes what needs it)."""
     reply = default_reply(request)
     reply["patch"] = {"reasoning": "r", "edits": [{"op": "append", "content": content}]}
-    return Response(body=chat_body(json.dumps(reply), completion_tokens=completion_tokens))
+    return Response(body=chat_body(json.dumps(reply, ensure_ascii=False), completion_tokens=completion_tokens))
 
 
 # ---------------------------------------------------------------- 1. failed_calls counts requests
@@ -193,3 +194,128 @@ def test_relog_writes_one_trace_per_recorded_request_with_its_messages_and_usage
         assert span.inputs["messages"] == record["messages"]
         assert span.attributes["tokens_prompt"] == record["reply"]["usage"]["prompt"] == 100
         assert span.attributes["tokens_completion"] == 50
+
+
+# ---------------------------------------------------------------- 8. lone surrogates in a reply
+
+
+def test_a_lone_surrogate_in_a_reply_becomes_u_fffd_in_the_patch_and_the_cache(tmp_path, server):
+    data = write_dataset(tmp_path / "d", n_fail=1, n_succ=0)
+    # the body's JSON holds "\ud800" inside the content string (the server's json.dumps escapes the
+    # lone half): the reply's text, as JSON decodes it, holds a lone surrogate
+    server.script = lambda request, number: one_edit(request, "- Amounts are in cents \ud800.")
+    cache = tmp_path / "cache.db"
+    cached = ["optimizer.cache=read_write", f"optimizer.cache_path={cache}"]
+    first = run(tmp_path, "run", *settings(server, data), *cached)
+    [patch_file] = (tmp_path / "run" / "patches").glob("*.json")
+    patch = json.loads(patch_file.read_bytes().decode("utf-8"))  # strict UTF-8
+    assert patch["patch"]["edits"] == [{"op": "append", "content": "- Amounts are in cents \ufffd."}]
+    [(stored,)] = sqlite3.connect(cache).execute("SELECT reply FROM replies").fetchall()
+    text = json.loads(stored)["text"]
+    assert "\ufffd" in text and not any("\ud800" <= ch <= "\udfff" for ch in text)
+    text.encode("utf-8")
+    again = run(tmp_path, "again", *settings(server, data), *cached)  # answered by the cache
+    assert again.summary["counts"]["cache_hits"] == 1 and again.patches == first.patches
+
+
+# ---------------------------------------------------------------- 9. to 11. the analysis's matchers and the cap
+
+EMBEDDING = "emb"
+
+
+def cosine_pair(threshold_gap: float, at: float = 0.9):
+    """Two edits whose embeddings are `at + threshold_gap` cosine-similar, as a server script: the
+    first failure's reply proposes alpha, the second's beta, each /embeddings request is answered."""
+    cos = at + threshold_gap
+
+    def vector(text: str) -> list[float]:
+        return [1.0, 0.0] if "alpha" in text else [cos, math.sqrt(1 - cos * cos)]
+
+    def script(request, number):
+        if "input" in request:
+            return Response(body=embedding_body([vector(t) for t in request["input"]]))
+        return one_edit(request, "- alpha rule." if shown_id(request) == "run_00000" else "- beta rule.")
+
+    return script
+
+
+def embedded(server, data: Path, *extra: str) -> list[str]:
+    return settings(server, data, "analysis.matcher=embedding", f"analysis.embedding.base_url={server.base_url}",
+                    f"analysis.embedding.model={EMBEDDING}", "analysis.guards=[]", *extra)
+
+
+@pytest.mark.parametrize("gap,matched", [(0.0, True), (-0.02, False)])
+def test_the_embedding_matcher_matches_at_its_threshold_and_not_below(tmp_path, server, gap, matched):
+    data = write_dataset(tmp_path / "d", n_fail=2, n_succ=0)
+    server.script = cosine_pair(gap, at=0.8)
+    figures = run(tmp_path, "run", *embedded(server, data, "analysis.embedding.threshold=0.8")).analysis
+    assert figures["matcher"] == "embedding" and figures["edits"] == 2
+    assert (figures["redundant_edits"], figures["distinct_edits"]) == ((2, 1) if matched else (0, 2))
+
+
+# USD per million tokens: prompts are free, so a request's worst case is its output allowance alone
+PRICED = ("+optimizer.prices.test={input:0,output:1}", "optimizer.max_output_tokens=1000")
+
+
+def test_the_analysis_gets_only_what_the_stage_left_of_the_cost_cap(tmp_path, server):
+    """Two replies of 900 tokens under a cap of 1,900: $0.0001 left, less than the embeddings' worst
+    case (their texts' bytes at $10 per million), which the whole cap would hold."""
+    data = write_dataset(tmp_path / "d", n_fail=2, n_succ=0)
+    script = cosine_pair(0.0)
+    server.script = lambda request, number: script(request, number) if "input" in request else one_edit(
+        request, "- alpha rule." if shown_id(request) == "run_00000" else "- beta rule.", completion_tokens=900)
+    done = run(tmp_path, "run", *embedded(server, data, *PRICED, f"+optimizer.prices.{EMBEDDING}={{input:10}}",
+                                          "optimizer.max_cost_usd=0.0019"))
+    assert done.summary["counts"]["spent_usd"] == pytest.approx(0.0018)
+    assert "cost limit" in done.analysis["skipped"] and "embedding requests" in done.analysis["skipped"]
+    assert done.analysis["analysis_calls"]["embedding"]["requests"] == 0
+    assert not [r for r in server.requests if "input" in r]
+    # with the stage's replies cheaper, the same cap leaves room for them
+    server.script = script
+    room = run(tmp_path, "room", *embedded(server, data, *PRICED, f"+optimizer.prices.{EMBEDDING}={{input:10}}",
+                                           "optimizer.max_cost_usd=0.0019"))
+    assert "skipped" not in room.analysis and room.analysis["analysis_calls"]["embedding"]["requests"] == 1
+
+
+def test_a_judge_question_is_sent_only_when_its_worst_case_fits_what_is_left_of_the_cap(tmp_path, server):
+    """Three minibatches spend 3 x 100 tokens; each question may cost 2,000 and costs 50: under a cap of
+    2,320 the first fits (300 + 2,000), the second would pass it (350 + 2,000) and is not sent."""
+    from reflact.analysis.judge import MARKER
+
+    data = write_dataset(tmp_path / "d", n_fail=3, n_succ=0)
+    words = {"run_00000": "- alpha rule.", "run_00001": "- alpha rule!", "run_00002": "- alpha rule?"}
+
+    def script(request, number):
+        if "input" in request:
+            return Response(body=embedding_body([[1.0, 0.0] for _ in request["input"]]))
+        if MARKER in request["messages"][0]["content"]:
+            return Response(body=chat_body('{"same": [true]}', completion_tokens=50))
+        return one_edit(request, words[shown_id(request)], completion_tokens=100)
+
+    server.script = script
+    judge = ("analysis.matcher=judge", "analysis.judge.batch=1", "analysis.judge.max_output_tokens=2000")
+    done = run(tmp_path, "run", *embedded(server, data, *PRICED, *judge, f"+optimizer.prices.{EMBEDDING}={{input:0}}",
+                                          "optimizer.max_cost_usd=0.00232"))
+    judged = [r for r in server.requests if "messages" in r and MARKER in r["messages"][0]["content"]]
+    assert len(judged) == 1
+    assert "cost limit" in done.analysis["skipped"] and "judge's questions" in done.analysis["skipped"]
+    assert done.summary["counts"]["spent_usd"] == pytest.approx(0.0003)
+
+
+# ---------------------------------------------------------------- 13. a sweep parent's means
+
+
+def test_a_sweep_parents_means_are_over_its_finished_jobs_and_a_failed_job_is_counted(tmp_path):
+    from reflact.running.rundir import RunDir, SweepDir
+    from reflact.sweeps.jobs import parent_metrics, sweep_jobs
+
+    uri = "sqlite:///s.db"
+    for number, (status, kept) in enumerate([("FINISHED", 2), ("FAILED", 30), ("FINISHED", 4)]):
+        rd = RunDir(tmp_path / f"reflect.seed={number}")
+        rd.root.mkdir()
+        rd.write_mlflow_record({"run_id": str(number), "tracking_uri": uri, "status": status})
+        rd.write_summary({"counts": {"calls": 1, "edits_kept": kept, "cost_usd": 0.25}})
+    metrics = parent_metrics(sweep_jobs(SweepDir(tmp_path), uri), 0)
+    assert (metrics["jobs"], metrics["jobs_finished"], metrics["jobs_failed"]) == (3, 2, 1)
+    assert metrics["edits_kept_mean"] == 3.0  # (2 + 4) / 2: the failed job's 30 is no result
+    assert (metrics["calls_sum"], metrics["cost_usd_sum"]) == (3.0, 0.75)  # what was spent counts every job
