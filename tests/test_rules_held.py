@@ -319,3 +319,20 @@ def test_a_sweep_parents_means_are_over_its_finished_jobs_and_a_failed_job_is_co
     assert (metrics["jobs"], metrics["jobs_finished"], metrics["jobs_failed"]) == (3, 2, 1)
     assert metrics["edits_kept_mean"] == 3.0  # (2 + 4) / 2: the failed job's 30 is no result
     assert (metrics["calls_sum"], metrics["cost_usd_sum"]) == (3.0, 0.75)  # what was spent counts every job
+
+
+# ---------------------------------------------------------------- issue 36: the end's waits count from the last reply
+
+
+@pytest.mark.parametrize("ago_s,waits_from_ago_s", [(3.0, 3.0), (30.0, 5.0), (None, 0.0)])
+def test_the_ends_waits_count_from_the_last_reply_at_most_half_the_deadline_ago(ago_s, waits_from_ago_s):
+    """mlflow.deadline_s=10: a stage that ended 3 s ago (its summary's end) leaves the store 7 s
+    more; after a 30 s analysis it still gets 5 s (half); without a summary the wait starts now."""
+    import time
+
+    from reflact.tracking.live import waits_from
+
+    summary = None if ago_s is None else {"times": {"started_at": time.time() - 60, "ended_at": time.time() - ago_s}}
+    before = time.monotonic()
+    start = waits_from(summary, 10.0)
+    assert before - waits_from_ago_s - 0.5 <= start <= time.monotonic() - waits_from_ago_s
