@@ -253,6 +253,35 @@ def test_the_embedding_matcher_matches_at_its_threshold_and_not_below(tmp_path, 
     assert (figures["redundant_edits"], figures["distinct_edits"]) == ((2, 1) if matched else (0, 2))
 
 
+def test_a_repeated_embedding_analysis_is_answered_by_the_response_cache(tmp_path, server):
+    data = write_dataset(tmp_path / "d", n_fail=2, n_succ=0)
+    server.script = cosine_pair(0.0)
+    cached = [o for o in embedded(server, data) if o != "optimizer.cache=off"]
+    cached += ["optimizer.cache=read_write", f"optimizer.cache_path={tmp_path / 'cache.db'}"]
+    first = run(tmp_path, "first", *cached).analysis
+    again = run(tmp_path, "again", *cached).analysis
+    assert first["analysis_calls"]["embedding"]["requests"] == 1
+    calls = again["analysis_calls"]["embedding"]
+    assert (calls["requests"], calls["cache_hits"]) == (0, 2)
+    assert again["redundant_edits"] == first["redundant_edits"] == 2
+    assert len([r for r in server.requests if "input" in r]) == 1
+
+
+def test_analysis_json_names_the_number_of_draws(tmp_path, server):
+    data = write_dataset(tmp_path / "d", n_fail=1, n_succ=0)
+    done = run(tmp_path, "run", *settings(server, data, "optimizer.samples=2", "optimizer.temperature=1"))
+    assert done.analysis["samples"] == 2 and done.analysis["agreement"] is not None
+
+
+def test_flex_and_batch_replies_cost_half_of_every_listed_amount_unless_the_tier_has_its_own():
+    price = make_config(*OFFLINE, "+optimizer.prices.test={input:1,cached_input:0.2,output:4}").optimizer.prices["test"]
+    for tier in ("flex", "batch"):
+        half = price.at(tier)
+        assert (half.input, half.cached_input, half.output) == (0.5, 0.1, 2.0)
+    listed = price.at("priority")
+    assert (listed.input, listed.cached_input, listed.output) == (1, 0.2, 4)
+
+
 # USD per million tokens: prompts are free, so a request's worst case is its output allowance alone
 PRICED = ("+optimizer.prices.test={input:0,output:1}", "optimizer.max_output_tokens=1000")
 
@@ -300,6 +329,11 @@ def test_a_judge_question_is_sent_only_when_its_worst_case_fits_what_is_left_of_
     assert len(judged) == 1
     assert "cost limit" in done.analysis["skipped"] and "judge's questions" in done.analysis["skipped"]
     assert done.summary["counts"]["spent_usd"] == pytest.approx(0.0003)
+    # the question that was sent is kept in the run dir with its reply and usage (behaviour.md)
+    [kept] = (tmp_path / "run" / "calls" / "analysis_judge").glob("judge_*.json")
+    question = json.loads(kept.read_text())
+    assert question["messages"] == judged[0]["messages"] and question["reply"] == '{"same": [true]}'
+    assert question["usage"] == {"prompt": 100, "completion": 50}
 
 
 # ---------------------------------------------------------------- 13. a sweep parent's means
@@ -315,9 +349,11 @@ def test_a_sweep_parents_means_are_over_its_finished_jobs_and_a_failed_job_is_co
         rd.root.mkdir()
         rd.write_mlflow_record({"run_id": str(number), "tracking_uri": uri, "status": status})
         rd.write_summary({"counts": {"calls": 1, "edits_kept": kept, "cost_usd": 0.25}})
+        rd.write_analysis({"edits": kept, "redundancy": kept / 40, "agreement": kept / 80})
     metrics = parent_metrics(sweep_jobs(SweepDir(tmp_path), uri), 0)
     assert (metrics["jobs"], metrics["jobs_finished"], metrics["jobs_failed"]) == (3, 2, 1)
     assert metrics["edits_kept_mean"] == 3.0  # (2 + 4) / 2: the failed job's 30 is no result
+    assert (metrics["redundancy_mean"], metrics["agreement_mean"]) == (pytest.approx(0.075), pytest.approx(0.0375))
     assert (metrics["calls_sum"], metrics["cost_usd_sum"]) == (3.0, 0.75)  # what was spent counts every job
 
 
