@@ -372,3 +372,41 @@ def test_the_ends_waits_count_from_the_last_reply_at_most_half_the_deadline_ago(
     before = time.monotonic()
     start = waits_from(summary, 10.0)
     assert before - waits_from_ago_s - 0.5 <= start <= time.monotonic() - waits_from_ago_s
+
+
+# ---------------------------------------------------------------- the cap's worst case and cut-off replies (mutants)
+
+
+def test_a_requests_worst_case_is_every_byte_plus_8_per_message_and_the_whole_allowance():
+    from reflact.config import Price
+    from reflact.running.ask import worst_cost
+
+    messages = [{"role": "system", "content": "abc"}, {"role": "user", "content": "é"}]  # 3 and 2 bytes
+    assert worst_cost(messages, 1000, Price(input=1, cached_input=0.1, output=4)) == pytest.approx(
+        ((3 + 8) + (2 + 8) + 4 * 1000) / 1e6)
+
+
+def test_the_cap_counts_a_worst_case_at_the_dearest_tier_that_may_serve_it():
+    from dataclasses import replace
+
+    from reflact.config import BatchReasks, Execution, ServiceTier
+    from reflact.running.ask import cap_price
+
+    o = make_config(*OFFLINE, "+optimizer.prices.test={input:1,cached_input:0.2,output:4}").optimizer
+    amounts = lambda price: (price.input, price.cached_input, price.output)  # noqa: E731
+    assert amounts(cap_price(replace(o, service_tier=ServiceTier.flex))) == (0.5, 0.1, 2.0)
+    # flex may fall back to auto: the listed price
+    assert amounts(cap_price(replace(o, service_tier=ServiceTier.flex, flex_fallback_after=2))) == (1, 0.2, 4)
+    batch = replace(o, execution=Execution.batch)
+    assert amounts(cap_price(replace(batch, batch_reasks=BatchReasks.batch))) == (0.5, 0.1, 2.0)
+    assert amounts(cap_price(replace(batch, batch_reasks=BatchReasks.live))) == (1, 0.2, 4)  # re-asks go live
+
+
+def test_a_cut_off_reply_is_asked_again_with_twice_the_allowance_up_to_the_ceiling(tmp_path, server):
+    data = write_dataset(tmp_path / "d", n_fail=1, n_succ=0)
+    cut = iter([Response(body=chat_body("{", finish_reason="length"))] * 2)
+    server.script = lambda request, number: next(cut, None)
+    done = run(tmp_path, "run", *settings(server, data, "optimizer.max_output_tokens=40000",
+                                          "optimizer.max_output_tokens_ceiling=64000", "reflect.max_reasks=3"))
+    assert [r["max_completion_tokens"] for r in server.requests] == [40000, 64000, 64000]
+    assert done.summary["counts"]["minibatches_done"] == 1 and done.summary["counts"]["reasks"] == 2
