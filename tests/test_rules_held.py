@@ -400,6 +400,10 @@ def test_the_cap_counts_a_worst_case_at_the_dearest_tier_that_may_serve_it():
     batch = replace(o, execution=Execution.batch)
     assert amounts(cap_price(replace(batch, batch_reasks=BatchReasks.batch))) == (0.5, 0.1, 2.0)
     assert amounts(cap_price(replace(batch, batch_reasks=BatchReasks.live))) == (1, 0.2, 4)  # re-asks go live
+    # amount by amount: a tier's own price dearer in one amount, the listed one in the others
+    own = make_config(*OFFLINE, "+optimizer.prices.test={input:1,cached_input:0.2,output:4,flex:{input:3,output:1}}")
+    fallback = replace(own.optimizer, service_tier=ServiceTier.flex, flex_fallback_after=2)
+    assert amounts(cap_price(fallback)) == (3, 0.2, 4)
 
 
 def test_a_cut_off_reply_is_asked_again_with_twice_the_allowance_up_to_the_ceiling(tmp_path, server):
