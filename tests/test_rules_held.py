@@ -414,3 +414,17 @@ def test_a_cut_off_reply_is_asked_again_with_twice_the_allowance_up_to_the_ceili
                                           "optimizer.max_output_tokens_ceiling=64000", "reflect.max_reasks=3"))
     assert [r["max_completion_tokens"] for r in server.requests] == [40000, 64000, 64000]
     assert done.summary["counts"]["minibatches_done"] == 1 and done.summary["counts"]["reasks"] == 2
+
+
+def test_a_rerun_that_makes_no_request_leaves_its_finished_mlflow_run_as_it_is(tmp_path, server, migrated_store):
+    import reflact
+
+    data = write_dataset(tmp_path / "d", n_fail=2, n_succ=0)
+    store = tmp_path / "live.db"
+    shutil.copy(migrated_store, store)
+    overrides = [*[o for o in settings(server, data) if not o.startswith(("data.dir", "mlflow."))],
+                 f"mlflow.tracking_uri=sqlite:///{store}"]
+    first = reflact.reflect(data, overrides=overrides, run_dir=tmp_path / "run", launch_dir=tmp_path)
+    again = reflact.reflect(data, overrides=overrides, run_dir=tmp_path / "run", launch_dir=tmp_path)
+    assert server.count == 2 and again.summary["counts"]["minibatches_reused"] == 2
+    assert first.mlflow_run_id and again.mlflow_run_id == first.mlflow_run_id
