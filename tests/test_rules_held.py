@@ -2,7 +2,9 @@
 its rule is broken (each checked once by breaking the rule by hand): what `failed_calls` counts,
 how params render, the analysis's budget and matchers, the dry run's estimate, seed-agreement
 cells, relog's traces, repaired replies, the analysis's share of the cost cap, and a sweep
-parent's means. Most run in-process against the loopback stand-in server in well under a second."""
+parent's means; then issue 36's start of the end's wait, and what mutation testing (bench/mutants.py)
+left standing among the documented rules. Most run in-process against the loopback stand-in server
+in well under a second (the two through MLflow take a few)."""
 
 from __future__ import annotations
 
