@@ -10,6 +10,7 @@ time, and prints per module the share killed and the mutants that survived.
     python bench/mutants.py --share 1       # every mutant (long)
     python bench/mutants.py --rerun-survivors   # after adding tests: rerun the sample's survivors
     python bench/mutants.py --report        # only print the figures of the last run
+    python bench/mutants.py --share 0.03 --modules relog,sweeps.jobs   # some modules only
 
 Run it from the repository root. mutmut copies the tree into mutants/ and mutates that copy: the
 checkout itself is never modified (delete mutants/ to start afresh). A result mutmut already holds
@@ -34,9 +35,11 @@ COUNTED = ("killed", "timeout", "survived")  # a mutant the tests ran against
 
 
 def results() -> dict[str, dict[str, int | None]]:
-    """module -> {mutant name: mutmut's exit code, None when not run yet}."""
-    return {path.name.removesuffix(".py.meta"): json.loads(path.read_text())["exit_code_by_key"]
-            for path in sorted(META.glob("*.py.meta"))}
+    """module (dotted under reflact, e.g. `prompting.plan`) -> {mutant name: mutmut's exit code, None
+    when not run yet}. The modules sit in subpackages: their records too."""
+    return {".".join(path.relative_to(META).with_suffix("").with_suffix("").parts):
+            json.loads(path.read_text())["exit_code_by_key"]
+            for path in sorted(META.rglob("*.py.meta"))}
 
 
 def sample(by_module: dict[str, dict], share: float, seed: int) -> dict[str, list[str]]:
@@ -65,18 +68,18 @@ def report(picked: dict[str, list[str]]) -> None:
     by_module = results()
     total = Counter()
     survivors = []
-    print(f"{'module':<10} {'sampled':>7} {'killed':>6} {'timeout':>7} {'survived':>8} {'no tests':>8} "
+    print(f"{'module':<22} {'sampled':>7} {'killed':>6} {'timeout':>7} {'survived':>8} {'no tests':>8} "
           f"{'not run':>7} {'killed %':>8}")
     for module, names in picked.items():
         status = Counter(status_by_exit_code[by_module[module].get(name)] for name in names)
         ran = sum(status[s] for s in COUNTED)
         share = f"{100 * (status['killed'] + status['timeout']) / ran:.1f}" if ran else "-"
-        print(f"{module:<10} {len(names):>7} {status['killed']:>6} {status['timeout']:>7} {status['survived']:>8} "
+        print(f"{module:<22} {len(names):>7} {status['killed']:>6} {status['timeout']:>7} {status['survived']:>8} "
               f"{status['no tests']:>8} {status['not checked']:>7} {share:>8}")
         total.update(status)
         survivors += [name for name in names if status_by_exit_code[by_module[module].get(name)] == "survived"]
     ran = sum(total[s] for s in COUNTED)
-    print(f"{'all':<10} {sum(map(len, picked.values())):>7} {total['killed']:>6} {total['timeout']:>7} "
+    print(f"{'all':<22} {sum(map(len, picked.values())):>7} {total['killed']:>6} {total['timeout']:>7} "
           f"{total['survived']:>8} {total['no tests']:>8} {total['not checked']:>7} "
           f"{100 * (total['killed'] + total['timeout']) / max(ran, 1):>8.1f}")
     print("\nsurvivors (mutmut show <name> prints the change):")
@@ -89,9 +92,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=12)
     parser.add_argument("--rerun-survivors", action="store_true")
     parser.add_argument("--report", action="store_true")
+    parser.add_argument("--modules", help="only these modules, comma-separated (e.g. relog,sweeps.jobs)")
     args = parser.parse_args()
     ensure_generated()
     picked = sample(results(), args.share, args.seed)
+    if args.modules:
+        wanted = set(args.modules.split(","))
+        picked = {module: names for module, names in picked.items() if module in wanted}
     if not args.report:
         by_module = results()
         # "no tests" too: mutmut decides it at once, and an interrupted run can leave it wrongly

@@ -565,10 +565,13 @@ def _flatten(tree: object, prefix: str = "") -> dict[str, str]:
         for key, value in tree.items():
             out.update(_flatten(value, f"{prefix}{key}."))
         return out
-    text = "" if tree is None else str(tree)
-    if len(text) > PARAM_MAX_CHARS:
-        text = text[: PARAM_MAX_CHARS - 1] + "…"
-    return {prefix.rstrip("."): text}
+    return {prefix.rstrip("."): param_text("" if tree is None else str(tree))}
+
+
+def param_text(text: str) -> str:
+    """A param's value as logged: at most PARAM_MAX_CHARS characters, a longer one cut to its first
+    PARAM_MAX_CHARS - 1 and `…` (every param: a run's settings, a sweep parent's swept values)."""
+    return text if len(text) <= PARAM_MAX_CHARS else text[: PARAM_MAX_CHARS - 1] + "…"
 
 
 def validate(cfg: ReflactConfig) -> ReflactConfig:

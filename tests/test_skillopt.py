@@ -328,3 +328,20 @@ def test_the_patch_files_are_byte_for_byte_skillopts_for_the_same_replies(tmp_pa
         assert "appendix_notes" in ours[0] and "appendix_notes" not in ours[1]
     if mode == "rewrite":  # notes the model did not send: after source_type, as SkillOpt assigns them
         assert list(ours[0])[-2:] == ["source_type", "appendix_notes"] and ours[1]["appendix_notes"] == ["not a lapse"]
+
+
+@pytest.mark.parametrize("skillopt_on,config_on", [(True, False), (False, True)])
+def test_with_a_reflact_config_skillopts_skill_aware_switch_is_not_read(
+        tmp_path, server, skillopt_settings, skillopt_on, config_on):
+    """The reflact config decides the skill-aware prompt, whatever SkillOpt's process-wide switch says."""
+    from skillopt.optimizer.skill_aware import configure_skill_aware_reflection
+
+    from reflact.api import compose
+
+    configure_skill_aware_reflection(skillopt_on, "both")
+    cfg = compose(["optimizer=compatible", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+                   *NO_MLFLOW, f"reflect.skill_aware.enabled={str(config_on).lower()}"])
+    data, results, skill = inputs(tmp_path, n_fail=1, n_succ=0)
+    run_minibatch_reflect(results, skill, str(data / "predictions"), str(tmp_path / "patches"), 1, True, config=cfg)
+    [request] = server.requests
+    assert ("## Skill-Aware Reflection" in request["messages"][0]["content"]) is config_on

@@ -22,7 +22,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from reflact.config import unchanging
+from reflact.config import param_text, unchanging
 from reflact.errors import JobFailed, UserError, exits_on_user_error
 from reflact.imports import one_at_a_time
 from reflact.running.newdir import unusable
@@ -199,8 +199,8 @@ def _batching(config: DictConfig, sweep_dir: Path, launch_dir: Path):
 
 
 def listed(swept: dict[str, list[str]]) -> dict[str, str]:
-    """The swept keys as params: each its values, comma-separated."""
-    return {key: ",".join(values) for key, values in swept.items()}
+    """The swept keys as params: each its values, comma-separated (cut as every param is)."""
+    return {key: param_text(",".join(values)) for key, values in swept.items()}
 
 
 def sweep_settings(config: DictConfig) -> tuple[dict[str, str], dict[str, list[str]]]:

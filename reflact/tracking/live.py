@@ -87,7 +87,7 @@ class LiveRun:
             log.info("MLflow run %s already holds this run's patches; left as it is", record["run_id"])
             return record["run_id"]
         deadline_s = self.context.cfg.mlflow.deadline_s
-        ended = max(_last_reply(summary), time.monotonic() - deadline_s / 2)
+        ended = waits_from(summary, deadline_s)
         self._tracker.start(0.0)
         # the tracker gives up a moment before the run stops it, so that it can say why
         left_s = deadline_s - (time.monotonic() - ended) - ANSWER_S
@@ -257,6 +257,12 @@ def busy_allowance(uri: str, deadline_s: float) -> float:
     """How long the end of a run waits on a store that is silent without failing: `mlflow.deadline_s`,
     or for a local sqlite file (busy, never down) at least LOCAL_STORE_S."""
     return max(deadline_s, LOCAL_STORE_S) if uri.startswith("sqlite:") else deadline_s
+
+
+def waits_from(summary: dict | None, deadline_s: float) -> float:
+    """When the end's waits count from (monotonic): the stage's last reply, but at most half of
+    `mlflow.deadline_s` ago, so that a long analysis after it still leaves the store half of it."""
+    return max(_last_reply(summary), time.monotonic() - deadline_s / 2)
 
 
 def _last_reply(summary: dict | None) -> float:
