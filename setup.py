@@ -4,7 +4,7 @@ Every package under reflact/ is found, not listed, so a new sub-package is in th
 anyone remembering to add it (tests/test_install.py compares the wheel with the source tree).
 conf/, prompts/ and examples/demo/ stay at the top of the repository, where users and the README
 point; the wheel carries them as the data of the sub-packages below (no __init__.py, never
-imported: reflact/shipped.py finds them in the wheel's layout or in a checkout's).
+imported: reflact/core/shipped.py finds them in the wheel's layout or in a checkout's).
 """
 
 from setuptools import find_namespace_packages, setup

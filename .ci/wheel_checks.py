@@ -114,7 +114,7 @@ def check_reflect(dataset: str, base_url: str) -> None:
 
 def check_skillopt(base_url: str) -> None:
     from reflact.compat.skillopt import run_minibatch_reflect
-    from reflact.shipped import demo_dir
+    from reflact.core.shipped import demo_dir
 
     demo = demo_dir()
     results = [json.loads(line) for line in (demo / "results.jsonl").read_text(encoding="utf-8").splitlines()]

@@ -32,8 +32,8 @@ def main() -> None:
 
     from _common import compose_config
 
-    from reflact.experiment import make_optimizer
     from reflact.inputs.dataset import load_dataset
+    from reflact.orchestration.experiment import make_optimizer
     from reflact.running.stage import Stage
 
     cfg = compose_config(

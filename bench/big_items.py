@@ -74,7 +74,7 @@ def timed(rd: RunDir, timeout: float) -> str:
 def sigterm_delay(rd: RunDir, timeout: float) -> str:
     """A child runs the analysis with reflact's SIGTERM handling; the seconds from SIGTERM to its exit."""
     code = (
-        "import sys; from reflact.errors import raise_stopped_on_sigterm; raise_stopped_on_sigterm();"
+        "import sys; from reflact.core.errors import raise_stopped_on_sigterm; raise_stopped_on_sigterm();"
         "from reflact.analysis.figures import analyse_run_dir; from reflact.running.rundir import RunDir;"
         "import reflact.analysis.matching as m; m.warm_imports(); print('ready', flush=True);"
         "analyse_run_dir(RunDir(sys.argv[1]), 0.85, 20000)"

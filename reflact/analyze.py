@@ -37,11 +37,11 @@ from reflact.analysis.figures import (
     seed_metrics,
 )
 from reflact.config import AnalysisConfig, Matcher, ReflactConfig, check_threshold
-from reflact.errors import UserError, exits_on_user_error, own_lines_shown
-from reflact.files import usable_folder
-from reflact.imports import one_at_a_time
+from reflact.core.errors import UserError, exits_on_user_error, own_lines_shown
+from reflact.core.files import usable_folder
+from reflact.core.imports import one_at_a_time
+from reflact.core.text import markdown_table
 from reflact.running.rundir import ANALYSIS, RunDir, SweepDir
-from reflact.text import markdown_table
 
 log = logging.getLogger("reflact")
 SHOWN = ("edits", "distinct_edits", "distinct_edits_per_usd", "redundancy", "agreement")
@@ -250,7 +250,7 @@ def write_report(result: dict, out: Path) -> list[Path]:
 
 def log_to_parents(sweeps: list[SweepDir], metrics: dict[str, float], paths: list[Path]) -> bool:
     """The figures on each sweep's MLflow parent run; False when a store failed (with a warning)."""
-    from reflact.text import one_line
+    from reflact.core.text import one_line
     from reflact.tracking.store import mlflow_defaults
 
     mlflow_defaults()

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import cast
 
 from reflact.config import ReflactConfig, literal
-from reflact.errors import StopSignal, UserError, user_error_message
-from reflact.files import usable_folder
-from reflact.imports import one_at_a_time
-from reflact.launch import LaunchDir
+from reflact.core.errors import StopSignal, UserError, user_error_message
+from reflact.core.files import usable_folder
+from reflact.core.imports import one_at_a_time
+from reflact.core.launch import LaunchDir
 
 log = logging.getLogger("reflact")
 # Hydra's compose API works on one process-wide instance: one composition at a time
@@ -70,12 +70,12 @@ def reflect(
         apply to a given config when they are plain `key=value` settings).
     run_dir: where the run writes (an earlier run dir resumes); default a new
         `outputs/runs/<date>/<time>` under `launch_dir` (default: the current directory).
-    Raises reflact.errors.UserError for a mistake in the settings or inputs (nothing is called),
-    reflact.errors.Stopped on Ctrl-C (nothing new is called, what was made is kept).
+    Raises reflact.UserError for a mistake in the settings or inputs (nothing is called),
+    reflact.Stopped on Ctrl-C (nothing new is called, what was made is kept).
     """
     check_arguments(data=data, predictions=predictions, run_dir=run_dir, launch_dir=launch_dir)
     launch = usable_folder(Path(launch_dir or Path.cwd()).resolve(), "launch_dir")
-    # on the main thread, Ctrl-C is noted for the calls while this runs (reflact.errors.StopSignal)
+    # on the main thread, Ctrl-C is noted for the calls while this runs (reflact.core.errors.StopSignal)
     with StopSignal().handling(signal.SIGINT) as signals:
         cfg = compose(overrides) if config is None else with_overrides(config, overrides)
         folder = usable_folder(Path(run_dir).resolve(), "run_dir") if run_dir else LaunchDir(launch).new_run_dir()
@@ -88,7 +88,7 @@ def _reflect(
     cfg: ReflactConfig, data, inputs: PythonInputs | None, folder: Path, launch: Path, signals: StopSignal
 ) -> Reflection:
     from reflact.config import from_hydra
-    from reflact.experiment import Launch
+    from reflact.orchestration.experiment import Launch
     from reflact.running.newdir import discarded_on_mistake, make
     from reflact.tracking.nesting import under_active_run
 
@@ -109,7 +109,7 @@ def _reflect(
 def run(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch) -> Reflection:
     """The stage as an experiment, for the API and the command line (`launch` is a Path or an
     experiment.Launch): its result, the patches in plan order."""
-    from reflact.experiment import Launch, run_experiment
+    from reflact.orchestration.experiment import Launch, run_experiment
 
     if not isinstance(launch, Launch):
         launch = Launch(Path(launch), record_config=lambda: _record_config(cfg, run_dir))
@@ -142,7 +142,7 @@ def composed(overrides: Sequence[str] = ()):
         from hydra import initialize_config_dir
 
     from reflact import config
-    from reflact.shipped import conf_dir
+    from reflact.core.shipped import conf_dir
 
     config.register()
     given = config.hydra_spelling(_overrides(overrides))
@@ -188,7 +188,7 @@ class PythonInputs:
 
     def write(self, cfg: ReflactConfig, folder: Path) -> None:
         """As a dataset folder inside the run dir; `cfg.data` then points at it."""
-        from reflact.files import write_text
+        from reflact.core.files import write_text
 
         write_text(folder / "skill.md", self.skill)
         write_text(folder / "results.jsonl", self.results_jsonl)

@@ -25,8 +25,8 @@ from collections import Counter
 from pathlib import Path
 
 from reflact.config import AzureConfig, OptimizerConfig, Price, Provider, RetryConfig
-from reflact.errors import UserError, exits_on_user_error
-from reflact.files import write_text
+from reflact.core.errors import UserError, exits_on_user_error
+from reflact.core.files import write_text
 from reflact.running.batch_runner import BatchRunner
 from reflact.running.batch_state import ENDED, Submission, load_state
 from reflact.running.rundir import BatchFiles

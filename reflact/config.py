@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, cast
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
-from reflact.errors import UserError
-from reflact.imports import one_at_a_time
-from reflact.metrics import APPLY_METRICS, PROVENANCE_METRICS, RUN_METRICS
-from reflact.modes import get_mode, normalize_mode
+from reflact.core.errors import UserError
+from reflact.core.imports import one_at_a_time
+from reflact.core.metrics import APPLY_METRICS, PROVENANCE_METRICS, RUN_METRICS
+from reflact.core.modes import get_mode, normalize_mode
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # `${` with the backslashes before it: what OmegaConf would read as an interpolation
@@ -473,7 +473,7 @@ def register() -> None:
         from hydra.core.config_store import ConfigStore
         from omegaconf import OmegaConf
 
-    from reflact.shipped import shipped_dir
+    from reflact.core.shipped import shipped_dir
 
     ConfigStore.instance().store(name="reflact_schema", node=ReflactConfig)
     if not OmegaConf.has_resolver("shipped"):

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from reflact.errors import exits_on_user_error
+from reflact.core.errors import exits_on_user_error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 @exits_on_user_error
 def main(argv: list[str] | None = None) -> int:
     from reflact.config import MlflowConfig, TracesConfig, check_traces
+    from reflact.core.launch import LaunchDir
     from reflact.inputs.traces import import_traces
-    from reflact.launch import LaunchDir
 
     args = build_parser().parse_args(argv)
     t = TracesConfig(args.experiment, args.filter, args.label, args.pass_threshold, args.max_traces, args.tracking_uri)

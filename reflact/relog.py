@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reflact.errors import UserError, exits_on_user_error, own_lines_shown
+from reflact.core.errors import UserError, exits_on_user_error, own_lines_shown
 from reflact.running.rundir import HYDRA, SUMMARY, RunDir, SweepDir, TraceRecords, recorded_requests
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ log = logging.getLogger("reflact")
 def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | None:
     """Logs the run dir as a new MLflow run (replacing the one it had); returns its id, or None
     (with a warning) when tracking failed."""
-    from reflact.text import one_line
+    from reflact.core.text import one_line
     from reflact.tracking.mirror import Mirror
     from reflact.tracking.store import Store, mlflow_globals_at
 
@@ -140,10 +140,10 @@ def relog_sweep(sweep_dir: Path, launch_dir: Path, tracking_uri: str | None) -> 
     job whose MLflow run is not wholly there, then the parent's status, counts and report from the
     job dirs. Returns (the parent's id, or None when the store failed, with a warning; how many
     jobs could not be logged)."""
+    from reflact.core.text import one_line
     from reflact.sweeps.grid_report import report_sweep
     from reflact.sweeps.jobs import sweep_jobs
     from reflact.sweeps.sweep import listed, open_parent, status_of_children
-    from reflact.text import one_line
     from reflact.tracking.store import Store, now_ms
 
     sweep = SweepDir(sweep_dir.resolve())
@@ -197,8 +197,8 @@ def _sweep_dir(job_dir: Path) -> Path | None:
 
 def _inputs(cfg):
     """(dataset, system prompts) as the run had them, or None for what is no longer there."""
+    from reflact.core.modes import get_mode
     from reflact.inputs.dataset import load_dataset
-    from reflact.modes import get_mode
     from reflact.prompting.prompts import overrides_of, resolve_system_prompts
 
     try:

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reflact import shipped, usage
-from reflact.errors import (
+from reflact.cli import usage
+from reflact.core import shipped
+from reflact.core.errors import (
     RunFailed,
     StopSignal,
     exits_on_user_error,
@@ -27,7 +28,7 @@ from reflact.errors import (
     warnings_held,
     warnings_to_run_log,
 )
-from reflact.imports import one_at_a_time
+from reflact.core.imports import one_at_a_time
 from reflact.tracking.process import SpareTracker
 
 # Hydra and reflact's config are imported once the tracker process started (_spare_tracker)
@@ -69,7 +70,7 @@ def _run(
 
     from reflact import config
     from reflact.api import run
-    from reflact.experiment import Launch
+    from reflact.orchestration.experiment import Launch
     from reflact.running.summary import optimized_value
 
     run_dir = Path(hc.runtime.output_dir)

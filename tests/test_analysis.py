@@ -23,10 +23,10 @@ from reflact.analysis import matching
 from reflact.analysis.figures import Item, Run, analyse, load_run, seed_agreement
 from reflact.analysis.matching import item_key, match, match_chunks, normalise
 from reflact.calls.protocol import DryRunEstimator
-from reflact.errors import UserError
-from reflact.experiment import Launch, run_experiment
-from reflact.groups import FAILURE, GROUPS
-from reflact.modes import MODES, SUPPORT_FIELD, reply_schema
+from reflact.core.errors import UserError
+from reflact.core.groups import FAILURE, GROUPS
+from reflact.core.modes import MODES, SUPPORT_FIELD, reply_schema
+from reflact.orchestration.experiment import Launch, run_experiment
 from reflact.prompting.prompts import load_template, resolve_system_prompts
 from reflact.replies.patches import check_reply
 from reflact.replies.provenance import with_support_ids

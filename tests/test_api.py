@@ -10,8 +10,8 @@ from hydra.core.global_hydra import GlobalHydra
 
 import reflact
 from reflact.api import compose
-from reflact.errors import UserError
-from reflact.shipped import conf_dir, demo_dir
+from reflact.core.errors import Stopped, UserError
+from reflact.core.shipped import conf_dir, demo_dir
 from tests.conftest import write_dataset
 
 
@@ -62,9 +62,11 @@ def test_a_config_object_takes_plain_settings_but_not_config_groups(tmp_path, se
 
 
 def test_a_mistake_is_a_user_error_and_nothing_is_called(tmp_path, server):
-    with pytest.raises(UserError, match="reflect.minibatch_size"):
+    # the public names a caller catches: reflact.UserError, and reflact.Stopped for Ctrl-C
+    assert (reflact.UserError, reflact.Stopped) == (UserError, Stopped)
+    with pytest.raises(reflact.UserError, match="reflect.minibatch_size"):
         reflact.reflect(demo_dir(), overrides=settings(server, "reflect.minibatch_size=0"), launch_dir=tmp_path)
-    with pytest.raises(UserError, match="no such folder"):
+    with pytest.raises(reflact.UserError, match="no such folder"):
         reflact.reflect(tmp_path / "missing", overrides=settings(server), launch_dir=tmp_path)
     assert server.count == 0
 

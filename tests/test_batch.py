@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import reflact
-from reflact.errors import UserError
+from reflact.core.errors import UserError
 from reflact.running.batch import fingerprint
 from reflact.running.batch_state import load_state
 from reflact.running.rundir import BatchFiles

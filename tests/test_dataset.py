@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from reflact.errors import UserError
+from reflact.core.errors import UserError
 from reflact.inputs.dataset import load_dataset, load_trajectory
 from tests.conftest import SKILL, make_config, write_dataset
 

@@ -12,8 +12,8 @@ import pytest
 
 from reflact.calls.client import make_client
 from reflact.calls.protocol import CallError
-from reflact.errors import UserError
-from reflact.experiment import Launch, run_experiment
+from reflact.core.errors import UserError
+from reflact.orchestration.experiment import Launch, run_experiment
 from reflact.testing.optimizer_server import OptimizerServer, Response
 from tests.conftest import make_config, run_cli, write_dataset
 

@@ -24,10 +24,10 @@ from reflact.calls.client import ABANDONED, is_transient, make_client, retry_aft
 from reflact.calls.protocol import CallError, DryRunEstimator, Reply, Usage
 from reflact.calls.ratelimit import Bucket, RateLimiter
 from reflact.config import CacheMode
-from reflact.errors import UserError
-from reflact.experiment import Launch, run_experiment
+from reflact.core.errors import UserError
+from reflact.core.modes import get_mode
 from reflact.inputs.dataset import load_dataset
-from reflact.modes import get_mode
+from reflact.orchestration.experiment import Launch, run_experiment
 from reflact.prompting.plan import plan_minibatches
 from reflact.replies.patches import check_reply
 from reflact.running.stage import Stage

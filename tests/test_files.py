@@ -1,4 +1,4 @@
-"""Writing outputs (reflact.files): permissions as a plain open() gives them, and a full disk."""
+"""Writing outputs (reflact.core.files): permissions as a plain open() gives them, and a full disk."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from reflact import files
-from reflact.errors import UserError, exits_on_user_error
-from reflact.files import atomic_writer, write_json, write_text
+from reflact.core import files
+from reflact.core.errors import UserError, exits_on_user_error
+from reflact.core.files import atomic_writer, write_json, write_text
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from reflact.config import DataConfig
-from reflact.errors import UserError
+from reflact.core.errors import UserError
 from reflact.inputs.dataset import load_dataset, parse_conversation
 from reflact.inputs.importers import import_runs, main
 

@@ -3,7 +3,7 @@
 reflact imports its heavy libraries where they are used, some on its own threads (the MLflow
 tracker, the analysis warm-up). Two threads importing one package at once can get a half-made
 module (a run that crashed after its last call with `partially initialized module
-'rapidfuzz.process' has no attribute 'cdist'`). reflact.imports holds the one lock they share.
+'rapidfuzz.process' has no attribute 'cdist'`). reflact.core.imports holds the one lock they share.
 
 Two checks: the code (every deferred import of another package is inside the lock), and real runs
 (an audit hook in every process of the run records each module loaded while a thread of reflact's
@@ -40,7 +40,7 @@ def _hook(event, args):
     alive = [t.name for t in threading.enumerate() if _ours(t) and t is not current]
     if not alive and not _ours(current):
         return
-    imports = sys.modules.get("reflact.imports")
+    imports = sys.modules.get("reflact.core.imports")
     if imports is not None and imports.held():
         return
     with open(_out, "a") as out:

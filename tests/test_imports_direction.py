@@ -16,8 +16,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "reflact"
 
 # bottom to top; a name is a top-level module or a subpackage of reflact/
 LAYERS = (
-    # shared basics
-    ("imports", "errors", "files", "text", "launch", "shipped", "groups", "modes", "metrics", "config"),
+    ("core",),  # shared basics: the import lock, errors, file writes, text, groups, modes, metric names
+    ("config",),  # the schema, its checks, the Hydra glue
     ("inputs",),  # a dataset folder read and checked; one trajectory block; other logs as datasets
     ("calls",),  # the optimizer seam and its OpenAI-SDK client, cache, rate limits
     ("prompting",),  # minibatches, templates, a minibatch's messages fitted to the window
@@ -26,9 +26,9 @@ LAYERS = (
     ("analysis",),  # agreement, redundancy, distinct items
     ("tracking",),  # MLflow as a view of the run dir
     ("sweeps",),  # a multirun's parent run and grid report
-    ("experiment",),  # one run end to end: the orchestration
+    ("orchestration",),  # one run end to end
     # the ways in
-    ("run", "usage", "api", "analyze", "relog", "report", "importers", "import_traces", "compat", "testing", "batch"),
+    ("run", "cli", "api", "analyze", "relog", "report", "importers", "import_traces", "compat", "testing", "batch"),
 )
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -107,7 +107,7 @@ def run(python: Path, *args: str, cwd: Path, script: bool = False) -> subprocess
 
 
 def imported_from(python: Path, cwd: Path) -> Path:
-    code = "import reflact.shipped as s; print(s.__file__)"
+    code = "import reflact.core.shipped as s; print(s.__file__)"
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     out = subprocess.run([str(python), "-c", code], cwd=cwd, env=env, capture_output=True, text=True, check=True)
     return Path(out.stdout.strip()).resolve()

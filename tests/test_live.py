@@ -506,7 +506,7 @@ def test_a_dry_run_is_tagged_and_logs_estimates_under_their_own_names(shown):
 
 
 def test_a_setting_set_on_one_side_only_is_another_fixed_setting(tmp_path):
-    from reflact.errors import UserError
+    from reflact.core.errors import UserError
     from reflact.running.rundir import SweepDir
     from reflact.sweeps.sweep import check_identity
 

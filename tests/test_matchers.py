@@ -11,8 +11,8 @@ import pytest
 
 from reflact.analysis import guards
 from reflact.analysis.matching import item_key
-from reflact.errors import UserError
-from reflact.experiment import Launch, run_experiment
+from reflact.core.errors import UserError
+from reflact.orchestration.experiment import Launch, run_experiment
 from reflact.testing.optimizer_server import OptimizerServer, Response
 from tests.conftest import make_config, write_dataset
 from tests.embedding_server import MISSING, MODEL, available, embedding_server

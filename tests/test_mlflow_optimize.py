@@ -11,7 +11,7 @@ import pytest
 from mlflow.genai.scorers import scorer
 
 from reflact.compat.mlflow import ReflactPromptOptimizer
-from reflact.errors import UserError
+from reflact.core.errors import UserError
 
 
 @scorer

@@ -12,7 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 import reflact
-from reflact.errors import UserError
+from reflact.core.errors import UserError
 from tests.conftest import SKILL, ok, output, run_cli, start_mlflow_server, stop, write_dataset
 from tests.test_mlflow_provenance import dataset_with_ids, log_agent_traces
 

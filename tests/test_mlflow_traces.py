@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import reflact
-from reflact.errors import UserError
+from reflact.core.errors import UserError
 from reflact.inputs import traces as traces_module
 from tests.conftest import file_bytes, run_cli, start_mlflow_server, stop
 

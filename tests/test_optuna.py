@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
 from reflact import config as reflact_config
-from reflact.errors import UserError
+from reflact.core.errors import UserError
 from reflact.running.rundir import SweepDir
 from reflact.sweeps.sweep import check_identity, sweep_settings
 from reflact.testing.optimizer_server import OptimizerServer

@@ -1,10 +1,10 @@
-"""From a parsed reply to a patch (SPEC 4): reflact.replies.patches with the modes of reflact.modes."""
+"""From a parsed reply to a patch (SPEC 4): reflact.replies.patches with the modes of reflact.core.modes."""
 
 from __future__ import annotations
 
 import pytest
 
-from reflact.modes import get_mode
+from reflact.core.modes import get_mode
 from reflact.replies.patches import ReplyError, check_reply, cut, normalize_notes
 
 PATCH = get_mode("patch")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from reflact.modes import get_mode
+from reflact.core.modes import get_mode
 from tests.conftest import PROJECT, make_config
 
 EXPERIMENTS = sorted(p.stem for p in (PROJECT / "conf" / "exp").glob("*.yaml"))
@@ -41,7 +41,7 @@ def test_every_optimizer_preset_composes_and_validates(optimizer):
 
 @pytest.mark.parametrize("optimizer", ["compatible", "ollama", "vllm"])
 def test_a_local_server_preset_without_a_model_is_one_clear_error(optimizer):
-    from reflact.errors import UserError
+    from reflact.core.errors import UserError
 
     with pytest.raises(UserError, match="optimizer.model is not set"):
         make_config("+exp=demo", f"optimizer={optimizer}")

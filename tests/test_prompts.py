@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from reflact.errors import UserError
-from reflact.modes import get_mode
+from reflact.core.errors import UserError
+from reflact.core.modes import get_mode
 from reflact.prompting.prompts import PROMPTS_DIR, resolve_system_prompts, text_or_file, user_message
 from tests.conftest import make_config
 

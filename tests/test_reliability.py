@@ -26,8 +26,8 @@ import yaml
 
 from reflact.calls.client import make_client
 from reflact.calls.protocol import CallError
-from reflact.errors import UserError
-from reflact.files import read_json
+from reflact.core.errors import UserError
+from reflact.core.files import read_json
 from reflact.inputs.dataset import load_dataset
 from reflact.prompting.plan import plan_minibatches
 from reflact.running.rundir import RunDir

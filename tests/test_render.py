@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reflact.core.modes import get_mode
 from reflact.inputs.render import fence, inline, render_block, render_conversation, render_item, text_of
-from reflact.modes import get_mode
 from reflact.prompting.prompts import user_message
 
 # ---------------------------------------------------------------- a CommonMark fence walker

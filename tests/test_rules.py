@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from reflact.calls.protocol import DryRunEstimator
-from reflact.experiment import Launch, run_experiment
+from reflact.core.modes import get_mode
 from reflact.inputs.dataset import Dataset, load_dataset
-from reflact.modes import get_mode
+from reflact.orchestration.experiment import Launch, run_experiment
 from reflact.prompting.messages import Prompt
 from reflact.prompting.plan import Minibatch, plan_minibatches
 from reflact.replies.patches import CheckedReply, merge_replies

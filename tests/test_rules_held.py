@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from reflact.config import PARAM_MAX_CHARS, params
-from reflact.experiment import Launch, run_experiment
+from reflact.orchestration.experiment import Launch, run_experiment
 from reflact.running.summary import counts
 from reflact.testing.optimizer_server import Response, chat_body, default_reply, embedding_body
 from tests.conftest import make_config, stage_for, write_dataset

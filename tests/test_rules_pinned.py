@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import pytest
 
 from reflact.calls.protocol import DryRunEstimator
-from reflact.errors import Stopped, UserError
-from reflact.experiment import Launch, run_experiment
+from reflact.core.errors import Stopped, UserError
 from reflact.inputs.dataset import load_dataset
+from reflact.orchestration.experiment import Launch, run_experiment
 from reflact.running import ask as ask_module
 from reflact.running.ask import Spend, worst_cost
 from reflact.running.rundir import RunDir, fingerprint, locked

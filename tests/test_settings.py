@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from reflact.errors import UserError
+from reflact.core.errors import UserError
 from reflact.prompting.prompts import text_or_file
 from tests.conftest import make_config, run_cli
 

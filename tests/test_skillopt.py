@@ -17,7 +17,7 @@ import warnings
 import pytest
 
 from reflact.compat.skillopt import run_minibatch_reflect
-from reflact.errors import UserError
+from reflact.core.errors import UserError
 from tests.conftest import PROJECT, write_dataset
 
 skillopt_reflect = pytest.importorskip("skillopt.gradient.reflect")
@@ -193,7 +193,7 @@ def test_skillopts_azure_key_settings_reach_the_azure_deployment(tmp_path, serve
 
 
 def test_skillopts_token_auth_is_refused_in_one_line_before_any_call(tmp_path, server, skillopt_settings):
-    from reflact.errors import UserError
+    from reflact.core.errors import UserError
 
     configure(skillopt_settings, server.base_url, "azure_cli")
     data, results, skill = inputs(tmp_path, n_fail=1, n_succ=0)

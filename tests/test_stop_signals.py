@@ -2,7 +2,7 @@
 
 A signal's exception is raised wherever the main thread is when the signal comes, and a library's
 bare `except:` or a finalizer running just then swallows it: the run used to go on calling, and
-end FINISHED with exit code 0. reflact's handlers note the signal before they raise (reflact.errors.
+end FINISHED with exit code 0. reflact's handlers note the signal before they raise (reflact.core.errors.
 StopSignal), every request checks the note, and the run ends KILLED (130 / 143) whatever became of
 the exception. The command line is signalled at many moments: no request starts after the signal.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import reflact
-from reflact.errors import Stopped, StopSignal
+from reflact.core.errors import Stopped, StopSignal
 from reflact.running import stage as stage_module
 from reflact.testing.optimizer_server import Response, chat_body, default_reply
 from tests.conftest import stage_for, write_dataset
@@ -62,7 +62,7 @@ def test_a_signal_python_could_not_raise_is_noted_and_not_printed(tmp_path):
     reflect()'s handling puts Python's hook back after it."""
     script = (
         "import signal, sys, time\n"
-        "from reflact.errors import StopSignal\n"
+        "from reflact.core.errors import StopSignal\n"
         "class Finalized:\n"
         "    def __del__(self):\n"
         "        signal.raise_signal(signal.SIGINT)\n"
@@ -152,7 +152,7 @@ def test_ctrl_c_swallowed_stops_reflect_which_raises_stopped_and_kills_its_run(
         tmp_path, server, launch_dir, monkeypatch, where):
     """Swallowed while minibatch 3 of 6 is prepared, or while the summary is written (every call
     made; the analysis and the end are left)."""
-    from reflact import experiment
+    from reflact.orchestration import experiment
 
     data = write_dataset(tmp_path / "d", n_fail=6, n_succ=0)
     slow_replies(server)
@@ -332,7 +332,7 @@ def test_a_stop_signal_a_launcher_pickles_starts_afresh_in_its_worker():
     holds neither the handlers nor the hook it replaced (a builtin does not pickle), nor a note."""
     import pickle
 
-    from reflact.errors import StopSignal
+    from reflact.core.errors import StopSignal
 
     signals = StopSignal()
     with signals.handling(signal.SIGINT):

@@ -616,7 +616,7 @@ def test_a_setting_that_cannot_change_results_resumes_the_sweep(tmp_path, overri
                                            ("reflect.failure_only=true", "reflect.failure_only"),
                                            ("optimizer.model=other", "optimizer.model")])
 def test_a_setting_that_changes_results_still_refuses_naming_the_key(tmp_path, override, key):
-    from reflact.errors import UserError
+    from reflact.core.errors import UserError
     from reflact.sweeps.sweep import check_identity, sweep_settings
 
     sweep = SweepDir(tmp_path)

@@ -17,7 +17,7 @@ import pytest
 import reflact
 from reflact import analyze
 from reflact.config import CacheMode, Price
-from reflact.errors import UserError
+from reflact.core.errors import UserError
 from reflact.sweeps import grid_report
 from reflact.testing.optimizer_server import OptimizerServer, Response
 from tests.conftest import PROJECT, write_dataset

@@ -179,7 +179,7 @@ def _spawns_counted(monkeypatch) -> list[int]:
 
 def _reflect_with(spare, data: Path, run_dir: Path, launch_dir: Path, *overrides: str):
     from reflact.api import compose, run
-    from reflact.experiment import Launch
+    from reflact.orchestration.experiment import Launch
 
     cfg = compose([f"data.dir={data}", "optimizer=compatible", "optimizer.model=test", "reflect.minibatch_size=1",
                    *overrides])

@@ -18,8 +18,8 @@ import reflact
 from reflact.api import compose
 from reflact.compat.skillopt import run_minibatch_reflect
 from reflact.config import literal, typed
-from reflact.errors import UserError
-from reflact.shipped import demo_dir
+from reflact.core.errors import UserError
+from reflact.core.shipped import demo_dir
 from tests.conftest import write_dataset
 
 SECRET = "sk-test-NOT-A-REAL-KEY-0123456789abcdefXYZ"

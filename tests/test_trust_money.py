@@ -20,7 +20,7 @@ from reflact.analysis.embedding import AnalysisUnavailable
 from reflact.analysis.judge import MARKER
 from reflact.analysis.matchers import matcher_for
 from reflact.analysis.vectors import Damaged, reply_rows
-from reflact.experiment import Launch, RunResult, run_experiment
+from reflact.orchestration.experiment import Launch, RunResult, run_experiment
 from reflact.running.ask import Spend
 from reflact.testing.optimizer_server import Response, chat_body, default_reply, embedding_body, judge_reply
 from tests.conftest import make_config, ok, run_cli, stage_for, summary_of, write_dataset

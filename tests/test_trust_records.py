@@ -19,9 +19,9 @@ import yaml
 
 import reflact
 from reflact import relog
-from reflact.errors import UserError
+from reflact.core.errors import UserError
+from reflact.core.shipped import demo_dir
 from reflact.running.rundir import RunDir, SweepDir
-from reflact.shipped import demo_dir
 from reflact.testing.optimizer_server import OptimizerServer
 from tests.test_trust_tools import one_line_exit_2
 

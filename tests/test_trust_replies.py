@@ -19,10 +19,10 @@ from reflact.calls import client as client_module
 from reflact.calls.cache import ResponseCache
 from reflact.calls.completion import MalformedReply, read_completion
 from reflact.config import CacheMode
-from reflact.experiment import Launch, run_experiment
-from reflact.files import repair_text, write_json, write_text
+from reflact.core.files import repair_text, write_json, write_text
+from reflact.core.modes import get_mode
 from reflact.inputs.importers import import_runs
-from reflact.modes import get_mode
+from reflact.orchestration.experiment import Launch, run_experiment
 from reflact.replies.parse import ParseError, extract_object
 from reflact.replies.patches import CheckedReply, ReplyError, check_reply
 from reflact.replies.provenance import with_support_ids

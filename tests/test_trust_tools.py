@@ -17,10 +17,10 @@ from reflact import analyze, relog
 from reflact.analysis.figures import analyse_run_dir, load_run
 from reflact.analysis.matching import MAX_COMPARED_CHARS, item_key, match, match_chunks
 from reflact.config import DataConfig
+from reflact.core.shipped import demo_dir
 from reflact.inputs.dataset import load_dataset, load_results
 from reflact.inputs.importers import main as import_main
 from reflact.running.rundir import RunDir
-from reflact.shipped import demo_dir
 from reflact.sweeps.grid_report import main as report_main
 from tests.conftest import write_dataset
 
@@ -186,7 +186,7 @@ def test_a_results_json_after_any_amount_of_whitespace_is_read_as_json(tmp_path,
 
 def test_a_mistyped_predictions_folder_is_a_user_error(tmp_path):
     data = write_dataset(tmp_path / "d", 2, 1)
-    with pytest.raises(reflact.errors.UserError, match="data.predictions: no such folder"):
+    with pytest.raises(reflact.core.errors.UserError, match="data.predictions: no such folder"):
         load_dataset(DataConfig(dir=str(data), predictions=str(data / "predictons")))
 
 
@@ -245,5 +245,5 @@ def test_long_texts_are_matched_in_small_chunks_with_the_same_result(tmp_path):
 def test_load_run_names_the_run_dir_of_a_damaged_summary(tmp_path):
     rd = write_items(tmp_path / "run", ["a b c"])
     (rd.root / "summary.json").write_text(json.dumps({"settings": {}, "counts": {}, "minibatches": [{"tag": 1}]}))
-    with pytest.raises(reflact.errors.UserError, match=r"summary.json: minibatches\[0\]"):
+    with pytest.raises(reflact.core.errors.UserError, match=r"summary.json: minibatches\[0\]"):
         load_run(rd.root)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from reflact.experiment import Launch, run_experiment
+from reflact.orchestration.experiment import Launch, run_experiment
 from reflact.running.rundir import RunDir
 from reflact.testing.optimizer_server import Response, chat_body
 from tests.conftest import long_dataset, make_config, stage_for, write_dataset

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from reflact.analysis.matching import Key
-from reflact.imports import one_at_a_time
+from reflact.core.imports import one_at_a_time
 
 SHARED_WORDING = 0.4  # share of both texts' words that are the same words in the same order
 SAME_DIFFERENCE = 0.9  # cosine the differing parts need, once the wording is mostly shared

@@ -23,8 +23,8 @@ from reflact.analysis.matching import Key, blocks_of
 from reflact.analysis.vectors import Damaged, reply_rows, unit_rows
 from reflact.calls.cache import ResponseCache, cache_key
 from reflact.config import Price, RetryConfig
-from reflact.errors import UserError
-from reflact.imports import one_at_a_time
+from reflact.core.errors import UserError
+from reflact.core.imports import one_at_a_time
 
 log = logging.getLogger("reflact")
 CELLS_PER_CHUNK = 2_000_000  # similarities computed at once

@@ -30,9 +30,9 @@ from typing import Any
 from reflact.analysis.matching import BUDGET_ITEM_CHARS, Key, Lexical, item_key, match, work, work_budget
 from reflact.analysis.records import finished_summary
 from reflact.config import AnalysisConfig
-from reflact.errors import UserError
-from reflact.groups import FAILURE
-from reflact.modes import MODES
+from reflact.core.errors import UserError
+from reflact.core.groups import FAILURE
+from reflact.core.modes import MODES
 from reflact.prompting.plan import Minibatch, parse_tag
 from reflact.running.outcome import WITH_PATCH
 from reflact.running.rundir import KEPT_ITEMS, RunDir

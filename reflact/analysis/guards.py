@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from reflact.analysis import contrast
 from reflact.analysis.matching import Key
-from reflact.imports import one_at_a_time
+from reflact.core.imports import one_at_a_time
 
 NAMES = ("numbers", "negation", "target", *contrast.PAIRWISE, "wording")
 _WORDS = re.compile(r"[a-z]+(?:'t)?|\d+(?:[.,]\d+)?")

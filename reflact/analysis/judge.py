@@ -18,7 +18,7 @@ from typing import Any
 from reflact.analysis.embedding import AnalysisUnavailable, EmbeddingMatcher, Spent, reserve_or_stop
 from reflact.analysis.matching import Key
 from reflact.config import Price
-from reflact.imports import one_at_a_time
+from reflact.core.imports import one_at_a_time
 
 log = logging.getLogger("reflact")
 MARKER = "## Same-change judge"  # the system prompt's heading (the tests' server answers by it)
@@ -103,7 +103,7 @@ class JudgeMatcher:
         self.spent.cost_usd += cost
 
     def _keep(self, number: int, messages: list[dict], reply) -> None:
-        from reflact.files import write_json
+        from reflact.core.files import write_json
 
         if self.raw_dir is not None:
             self.raw_dir.mkdir(parents=True, exist_ok=True)

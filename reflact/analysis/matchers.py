@@ -12,9 +12,9 @@ from reflact.analysis.embedding import Embedder, EmbeddingMatcher, Spent
 from reflact.analysis.guards import NAMES
 from reflact.analysis.matching import Lexical
 from reflact.config import CacheMode, Matcher, ReflactConfig
-from reflact.errors import UserError
-from reflact.imports import one_at_a_time
-from reflact.launch import LaunchDir
+from reflact.core.errors import UserError
+from reflact.core.imports import one_at_a_time
+from reflact.core.launch import LaunchDir
 
 
 @dataclass

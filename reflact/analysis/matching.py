@@ -32,7 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from reflact.imports import one_at_a_time
+from reflact.core.imports import one_at_a_time
 
 if TYPE_CHECKING:  # numpy is imported where it is used (it is slow to import)
     import numpy as np

@@ -16,13 +16,13 @@ from dataclasses import fields
 from pathlib import Path
 
 from reflact.calls.protocol import Usage
-from reflact.errors import UserError
-from reflact.groups import GROUPS
-from reflact.imports import one_at_a_time
+from reflact.core.errors import UserError
+from reflact.core.groups import GROUPS
+from reflact.core.imports import one_at_a_time
+from reflact.core.text import shown
 from reflact.prompting.plan import is_tag, parse_tag
 from reflact.running.outcome import Outcome
 from reflact.running.rundir import ANALYSIS, KEPT_ITEMS, LARGEST, LATEST, SUMMARY, RunDir
-from reflact.text import shown
 
 # what a minibatch's record (an Outcome) holds in each field, read off the dataclass's types
 _KIND = {name: typing.get_origin(kind) or kind for name, kind in typing.get_type_hints(Outcome).items()}

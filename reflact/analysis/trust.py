@@ -15,7 +15,7 @@ import json
 import logging
 
 from reflact.analysis.matching import item_key
-from reflact.shipped import shipped_dir
+from reflact.core.shipped import shipped_dir
 
 log = logging.getLogger("reflact")
 PAIRS = "match_pairs.jsonl"

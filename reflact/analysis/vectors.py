@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from reflact.imports import one_at_a_time
+from reflact.core.imports import one_at_a_time
 
 
 class Damaged(Exception):

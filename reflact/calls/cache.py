@@ -24,7 +24,7 @@ from pathlib import Path
 
 from reflact.calls.protocol import Reply, Usage
 from reflact.config import CacheMode
-from reflact.files import repair_text
+from reflact.core.files import repair_text
 
 log = logging.getLogger("reflact")
 _USAGE = {f.name for f in fields(Usage)}

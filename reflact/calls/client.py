@@ -49,9 +49,9 @@ from reflact.calls.deferred import api_key
 from reflact.calls.protocol import CallError, Optimizer, Reply, estimate_tokens
 from reflact.calls.ratelimit import RateLimiter
 from reflact.config import CacheMode, OptimizerConfig, Provider, ServiceTier, StructuredOutput
-from reflact.imports import resolve_lazy
-from reflact.launch import LaunchDir
-from reflact.text import one_line
+from reflact.core.imports import resolve_lazy
+from reflact.core.launch import LaunchDir
+from reflact.core.text import one_line
 
 log = logging.getLogger("reflact")
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from reflact.calls.protocol import Usage
-from reflact.files import repair_text
+from reflact.core.files import repair_text
 
 # no model reads or writes this many tokens in one call: a larger count is garbage, not usage
 MAX_TOKENS = 10**9

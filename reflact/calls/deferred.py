@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping
 
 from reflact.calls.protocol import Optimizer, Reply
 from reflact.config import OptimizerConfig
-from reflact.errors import UserError
-from reflact.imports import one_at_a_time
+from reflact.core.errors import UserError
+from reflact.core.imports import one_at_a_time
 
 
 def api_key(cfg: OptimizerConfig, environ: Mapping[str, str]) -> str:

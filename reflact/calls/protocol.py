@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from reflact.config import OptimizerConfig, Price
-from reflact.modes import Mode
+from reflact.core.modes import Mode
 
 CHARS_PER_TOKEN = 4  # a rough, offline estimate (no tokenizer download at run time)
 # a dry run's guess of a reply's length: edits or suggestions are short, a full rewrite is a whole skill

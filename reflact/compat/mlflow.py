@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from reflact.errors import UserError
-from reflact.imports import one_at_a_time
+from reflact.core.errors import UserError
+from reflact.core.imports import one_at_a_time
 from reflact.running.rundir import RunDir
 from reflact.tracking.provenance import TRACE_ID
 from reflact.tracking.registry import patched_text

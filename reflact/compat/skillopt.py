@@ -41,9 +41,9 @@ from pathlib import Path
 from reflact.compat import skillopt_settings
 from reflact.compat.skillopt_patches import Shape, as_skillopt, as_text
 from reflact.config import AppendixSource, ReflactConfig
-from reflact.errors import UserError
-from reflact.files import write_text
-from reflact.imports import one_at_a_time
+from reflact.core.errors import UserError
+from reflact.core.files import write_text
+from reflact.core.imports import one_at_a_time
 
 # on SkillOpt's module: its own function, kept by install(); on reflact's installed function: True
 REPLACED = "_reflact_replaced"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from reflact.groups import FAILURE
+from reflact.core.groups import FAILURE
 from reflact.replies.patches import LAPSES_ONLY, normalize_notes
 
 # SkillOpt's own wording and payload key for a lapse-only carrier (reflect.py, run_error_analyst_minibatch)

@@ -14,8 +14,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from reflact.errors import UserError
-from reflact.imports import one_at_a_time
+from reflact.core.errors import UserError
+from reflact.core.imports import one_at_a_time
 
 COMPATIBLE_MODES = ("openai_compatible", "compat", "openai")
 KEY_MODES = ("api_key", "key")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 from reflact.config import DataConfig, DataSource, OnBadConversation, dataset_paths
-from reflact.errors import UserError
+from reflact.core.errors import UserError
 from reflact.inputs.registry import RegisteredSkill, is_prompt_uri, load_registered_skill
 
 EXTRA_FILES = ("target_system_prompt", "target_user_prompt", "spreadsheet_preview")

@@ -18,9 +18,9 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reflact.errors import UserError, exits_on_user_error
-from reflact.files import write_text
-from reflact.groups import failed
+from reflact.core.errors import UserError, exits_on_user_error
+from reflact.core.files import write_text
+from reflact.core.groups import failed
 
 FORMATS = ("taubench", "chat_jsonl")
 TAU_TASK_TYPE = "tau-bench"

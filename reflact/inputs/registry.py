@@ -11,9 +11,9 @@ import os
 import re
 from dataclasses import dataclass
 
-from reflact.errors import UserError
-from reflact.imports import one_at_a_time
-from reflact.text import one_line
+from reflact.core.errors import UserError
+from reflact.core.imports import one_at_a_time
+from reflact.core.text import one_line
 
 SCHEME = "prompts:/"
 # prompts:/name@alias or prompts:/name/version (MLflow's own URI forms)

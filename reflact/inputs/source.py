@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from reflact.config import DataSource, ReflactConfig
-from reflact.errors import UserError
-from reflact.groups import failed
+from reflact.core.errors import UserError
+from reflact.core.groups import failed
+from reflact.core.launch import LaunchDir
 from reflact.inputs.dataset import Dataset, load_dataset
-from reflact.launch import LaunchDir
 
 
 def load_input(cfg: ReflactConfig, launch_dir: Path) -> Dataset:

@@ -23,12 +23,12 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from reflact.config import DataConfig, MlflowConfig, TracesConfig
-from reflact.errors import UserError
-from reflact.imports import one_at_a_time
+from reflact.core.errors import UserError
+from reflact.core.imports import one_at_a_time
+from reflact.core.text import one_line
 from reflact.inputs.dataset import Dataset, Result, check_id, max_bytes_of, read_text
 from reflact.inputs.importers import Imported, Run, check_output, write_dataset
 from reflact.inputs.trace_mapping import Label, NoChat, label_of, span_views, trace_row
-from reflact.text import one_line
 
 log = logging.getLogger("reflact")
 PAGE = 500  # trace infos per search request

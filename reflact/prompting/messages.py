@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from reflact.calls.protocol import estimate_tokens
 from reflact.config import ContextOverflow
+from reflact.core.modes import Mode
 from reflact.inputs.dataset import Dataset, Result, Trajectory, load_trajectory
 from reflact.inputs.render import render_block
-from reflact.modes import Mode
 from reflact.prompting.prompts import SystemPrompts, user_message
 
 log = logging.getLogger("reflact")

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, replace
 
 from reflact.config import ReflectConfig
-from reflact.groups import GROUPS, failed, named, tagged
+from reflact.core.groups import GROUPS, failed, named, tagged
 from reflact.inputs.dataset import Result
 
 _TAG = re.compile(r"minibatch_(fail|succ)_(\d{1,9})(?:\.d(\d{1,9}))?", re.ASCII)  # ASCII digits, an int() can read
@@ -24,7 +24,7 @@ _TAG = re.compile(r"minibatch_(fail|succ)_(\d{1,9})(?:\.d(\d{1,9}))?", re.ASCII)
 
 @dataclass(frozen=True)
 class Minibatch:
-    group: str  # a group's name (reflact.groups)
+    group: str  # a group's name (reflact.core.groups)
     index: int  # position within its group
     results: list[Result]
     draw: int = 0  # which of the minibatch's `optimizer.samples` draws this conversation is

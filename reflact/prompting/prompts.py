@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reflact.config import AppendixSource, PromptsConfig, ReflectConfig
-from reflact.errors import UserError
-from reflact.groups import FAILURE, GROUPS, SUCCESS, named
+from reflact.core.errors import UserError
+from reflact.core.groups import FAILURE, GROUPS, SUCCESS, named
+from reflact.core.modes import Mode
+from reflact.core.shipped import prompts_dir
 from reflact.inputs.render import BLOCK_DIVIDER
-from reflact.modes import Mode
-from reflact.shipped import prompts_dir
 
 PROMPTS_DIR = prompts_dir()
 _PATH_SUFFIXES = (".md", ".markdown", ".txt", ".text", ".rst")

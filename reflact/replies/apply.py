@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
-from reflact.modes import EDIT_OPS, NEEDS_CONTENT, NEEDS_TARGET
+from reflact.core.modes import EDIT_OPS, NEEDS_CONTENT, NEEDS_TARGET
 
 PROTECTED_MARKERS = (
     ("<!-- SLOW_UPDATE_START -->", "<!-- SLOW_UPDATE_END -->"),

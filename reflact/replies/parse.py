@@ -22,7 +22,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from reflact.files import repair_text
+from reflact.core.files import repair_text
 
 _FENCED = re.compile(r"```[ \t]*(?:json|JSON|javascript|js)?[ \t]*\r?\n(.*?)```", re.S)
 # a key-value start: what separates a JSON object from a brace in prose

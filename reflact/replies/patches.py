@@ -8,8 +8,8 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
-from reflact.groups import FAILURE
-from reflact.modes import Mode
+from reflact.core.groups import FAILURE
+from reflact.core.modes import Mode
 
 LAPSES_ONLY = "execution lapses only"  # the reasoning of a failure patch made of notes alone (no patch sent)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from reflact.modes import SUPPORT_FIELD, SUPPORT_IDS_FIELD, Mode
+from reflact.core.modes import SUPPORT_FIELD, SUPPORT_IDS_FIELD, Mode
 from reflact.replies.patches import CheckedReply, ReplyError
 
 

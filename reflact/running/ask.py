@@ -17,7 +17,7 @@ from fractions import Fraction
 
 from reflact.calls.protocol import CallError, Optimizer, Reply
 from reflact.config import BatchReasks, Execution, OptimizerConfig, Price, ServiceTier
-from reflact.modes import Mode
+from reflact.core.modes import Mode
 from reflact.replies.parse import ParseError, extract_object
 from reflact.replies.patches import CheckedReply, ReplyError, check_reply
 from reflact.replies.provenance import with_support_ids

@@ -48,10 +48,10 @@ from reflact.calls.batches import BatchApi, BatchFault, NoBatchApi, input_line
 from reflact.calls.cache import ResponseCache
 from reflact.calls.client import OptimizerClient
 from reflact.config import BatchReasks, OptimizerConfig
-from reflact.errors import UserError
-from reflact.files import write_text
-from reflact.imports import one_at_a_time
-from reflact.launch import LaunchDir
+from reflact.core.errors import UserError
+from reflact.core.files import write_text
+from reflact.core.imports import one_at_a_time
+from reflact.core.launch import LaunchDir
 from reflact.running.batch_requests import Collector, Request, Unit, look_ahead
 from reflact.running.batch_runner import BatchRunner, Stop
 from reflact.running.batch_state import Ask, BatchState, Submission, load_state

@@ -16,7 +16,7 @@ from reflact.calls.cache import ResponseCache
 from reflact.calls.client import redact
 from reflact.calls.completion import Completion
 from reflact.config import Price
-from reflact.files import write_text
+from reflact.core.files import write_text
 from reflact.running.ask import capped_cost
 from reflact.running.batch_state import BatchState, Submission
 from reflact.running.rundir import BatchFiles

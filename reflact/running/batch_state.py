@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field, fields
 
-from reflact.errors import UserError
+from reflact.core.errors import UserError
 from reflact.running.rundir import BatchFiles
 
 VERSION = 1

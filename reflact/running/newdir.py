@@ -28,7 +28,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, read_write
 
 from reflact.config import literal
-from reflact.errors import UserError, exits_on_user_error, user_error_message
+from reflact.core.errors import UserError, exits_on_user_error, user_error_message
 
 if sys.platform != "win32":
     import fcntl

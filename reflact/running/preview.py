@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from reflact.files import write_text
-from reflact.modes import Mode
+from reflact.core.files import write_text
+from reflact.core.modes import Mode
 from reflact.replies.apply import apply_counts, apply_edits, unified_diff
 from reflact.running.rundir import RunDir
 

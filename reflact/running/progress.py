@@ -10,8 +10,8 @@ import logging
 import threading
 
 from reflact.config import ReflactConfig, priced
-from reflact.groups import FAILURE
-from reflact.modes import Mode
+from reflact.core.groups import FAILURE
+from reflact.core.modes import Mode
 from reflact.running.events import CallStarted, EndpointFailed, MinibatchEnded, Planned, Replied
 from reflact.running.outcome import Outcome
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from reflact.calls.protocol import Usage
-from reflact.modes import MODES
+from reflact.core.modes import MODES
 from reflact.running.outcome import Outcome
 from reflact.running.rundir import RunDir
 

@@ -10,11 +10,11 @@ import json
 import shutil
 from typing import TextIO
 
-from reflact.groups import named
+from reflact.core.groups import named
+from reflact.core.text import markdown_table, one_line
 from reflact.replies.patches import normalize_notes
 from reflact.running.outcome import Outcome
 from reflact.running.rundir import RunDir
-from reflact.text import markdown_table, one_line
 
 SNIPPET = 400  # characters of an item's text shown; the whole item is in the patch file
 

@@ -36,12 +36,12 @@ from typing import TypeGuard
 from reflact.calls.cache import cache_key
 from reflact.calls.protocol import Reply, Usage
 from reflact.config import ReflactConfig
-from reflact.errors import UserError
-from reflact.files import atomic_writer, lock_file, read_json, repair_text, write_json, write_text
+from reflact.core.errors import UserError
+from reflact.core.files import atomic_writer, lock_file, read_json, repair_text, write_json, write_text
+from reflact.core.text import shown
 from reflact.prompting.plan import is_tag
 from reflact.running.events import Replied
 from reflact.running.outcome import Outcome
-from reflact.text import shown
 
 log = logging.getLogger("reflact")
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from reflact.calls.protocol import Optimizer, output_allowance
 from reflact.config import ReflactConfig
-from reflact.errors import StopSignal
-from reflact.groups import GROUPS
+from reflact.core.errors import StopSignal
+from reflact.core.groups import GROUPS
+from reflact.core.modes import Mode, get_mode, reply_schema
 from reflact.inputs.dataset import Dataset
-from reflact.modes import Mode, get_mode, reply_schema
 from reflact.prompting.messages import Prompt, PromptBuilder
 from reflact.prompting.plan import Minibatch, plan_minibatches, with_draws
 from reflact.prompting.prompts import SystemPrompts, overrides_of, resolve_system_prompts, text_or_file

@@ -12,9 +12,9 @@ from dataclasses import asdict
 
 from reflact.calls.protocol import Usage
 from reflact.config import ReflactConfig, ReflectConfig, priced
+from reflact.core.metrics import STATUSES
+from reflact.core.modes import Mode
 from reflact.inputs.dataset import Dataset
-from reflact.metrics import STATUSES
-from reflact.modes import Mode
 from reflact.prompting.plan import split
 from reflact.replies.provenance import SupportTally
 from reflact.running.outcome import WITH_PATCH, Outcome

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig, OmegaConf
 
 from reflact.config import Execution, ReflactConfig, from_hydra
-from reflact.errors import UserError
-from reflact.imports import one_at_a_time
+from reflact.core.errors import UserError
+from reflact.core.imports import one_at_a_time
+from reflact.core.launch import LaunchDir
 from reflact.inputs.dataset import Dataset
 from reflact.inputs.source import load_input
-from reflact.launch import LaunchDir
 from reflact.running.batch_requests import Unit
 from reflact.running.rundir import SweepDir
 

@@ -20,10 +20,10 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from reflact.errors import UserError, exits_on_user_error
-from reflact.files import usable_folder
-from reflact.imports import one_at_a_time
-from reflact.modes import mode_by_number
+from reflact.core.errors import UserError, exits_on_user_error
+from reflact.core.files import usable_folder
+from reflact.core.imports import one_at_a_time
+from reflact.core.modes import mode_by_number
 from reflact.tracking.store import PAGE, runs_tagged
 
 # apply_share (the run's own metric: the share of kept edits that would apply) beside edits kept

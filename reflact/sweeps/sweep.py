@@ -23,11 +23,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from reflact.config import param_text, unchanging
-from reflact.errors import JobFailed, UserError, exits_on_user_error
-from reflact.imports import one_at_a_time
+from reflact.core.errors import JobFailed, UserError, exits_on_user_error
+from reflact.core.imports import one_at_a_time
+from reflact.core.text import one_line
 from reflact.running.newdir import unusable
 from reflact.running.rundir import SweepDir
-from reflact.text import one_line
 from reflact.tracking.store import now_ms
 
 log = logging.getLogger("reflact")

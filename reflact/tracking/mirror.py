@@ -15,16 +15,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from reflact.config import OptimizerConfig, ReflectConfig, priced
-from reflact.groups import GROUPS
-from reflact.imports import one_at_a_time
+from reflact.core.groups import GROUPS
+from reflact.core.imports import one_at_a_time
+from reflact.core.modes import get_mode
+from reflact.core.text import one_line
 from reflact.inputs.dataset import Dataset
-from reflact.modes import get_mode
 from reflact.prompting.prompts import SystemPrompts, content_hash, overrides_of
 from reflact.running.events import BatchNoted, MinibatchEnded, Planned
 from reflact.running.outcome import Outcome
 from reflact.running.rundir import RunDir
 from reflact.running.summary import dataset_counts
-from reflact.text import one_line
 from reflact.tracking.description import Setting, note_tags, run_description
 from reflact.tracking.nesting import PARENT_TAG, nest, parent_of
 from reflact.tracking.process import RunContext

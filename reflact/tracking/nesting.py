@@ -9,10 +9,10 @@ from __future__ import annotations
 import sys
 
 from reflact.config import ReflactConfig
-from reflact.errors import UserError
-from reflact.imports import one_at_a_time
+from reflact.core.errors import UserError
+from reflact.core.imports import one_at_a_time
+from reflact.core.text import one_line
 from reflact.running.rundir import SweepDir
-from reflact.text import one_line
 from reflact.tracking.process import RunContext
 
 PARENT_TAG = "mlflow.parentRunId"

@@ -14,7 +14,7 @@ import json
 import logging
 import re
 
-from reflact.imports import one_at_a_time
+from reflact.core.imports import one_at_a_time
 from reflact.tracking.process import RunContext
 
 log = logging.getLogger("reflact")

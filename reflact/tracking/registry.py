@@ -15,10 +15,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from reflact.modes import get_mode
+from reflact.core.modes import get_mode
+from reflact.core.text import one_line
 from reflact.replies.apply import apply_edits
 from reflact.running.rundir import RunDir, SweepDir
-from reflact.text import one_line
 from reflact.tracking.process import RunContext
 
 log = logging.getLogger("reflact")

@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import unquote
 
-from reflact.errors import UserError
-from reflact.files import lock_file
-from reflact.imports import one_at_a_time
+from reflact.core.errors import UserError
+from reflact.core.files import lock_file
+from reflact.core.imports import one_at_a_time
 
 # what MLflow says when it opens a store whose migrations were cut short, or that a newer MLflow made
 HALF_MIGRATED = re.compile(r"already exists|duplicate column|_alembic_tmp_|out-of-date database schema", re.I)

@@ -25,10 +25,10 @@ from urllib.parse import unquote, urlparse
 
 import reflact
 from reflact.config import ReflactConfig
-from reflact.files import write_text
-from reflact.imports import one_at_a_time
-from reflact.launch import LaunchDir
-from reflact.modes import get_mode
+from reflact.core.files import write_text
+from reflact.core.imports import one_at_a_time
+from reflact.core.launch import LaunchDir
+from reflact.core.modes import get_mode
 from reflact.tracking.sqlite import first_use, opening_failed
 
 log = logging.getLogger("reflact")

@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from typing import IO
 from urllib.parse import urlsplit
 
-from reflact.errors import UserError
-from reflact.imports import one_at_a_time
+from reflact.core.errors import UserError
+from reflact.core.imports import one_at_a_time
+from reflact.core.text import one_line
 from reflact.running.events import MinibatchEnded, Planned, Replied
 from reflact.running.rundir import TraceRecords, recorded_requests
-from reflact.text import one_line
 from reflact.tracking.mirror import Batch, Mirror
 from reflact.tracking.process import End, Opening, RunContext, Start
 from reflact.tracking.sqlite import first_use, sqlite_path

@@ -13,7 +13,7 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-from reflact.errors import UserError
+from reflact.core.errors import UserError
 
 # name -> (folder inside the installed package, folder in the repository)
 _LOCATIONS = {

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from reflact.imports import one_at_a_time
+from reflact.core.imports import one_at_a_time
 
 T = TypeVar("T")
 

@@ -19,11 +19,11 @@ from reflact.analysis.matchers import matcher_for
 from reflact.calls.deferred import Deferred, api_key
 from reflact.calls.protocol import CHARS_PER_TOKEN, DRY_RUN_REPLY_TOKENS, DryRunEstimator, Optimizer
 from reflact.config import Execution, ReflactConfig, how_to_price, priced
-from reflact.errors import Stopped, StopSignal
-from reflact.imports import one_at_a_time
+from reflact.core.errors import Stopped, StopSignal
+from reflact.core.imports import one_at_a_time
+from reflact.core.modes import get_mode
 from reflact.inputs.dataset import Dataset
 from reflact.inputs.source import load_input
-from reflact.modes import get_mode
 from reflact.running.events import BatchNoted, Replied
 from reflact.running.rundir import RunDir, SweepDir, locked
 from reflact.running.stage import Stage
@@ -59,7 +59,7 @@ class RunResult:
     run_dir: Path
     summary: dict
     patches: dict[str, dict]  # minibatch tag -> its patch as saved, in plan order
-    status: str  # FINISHED or FAILED (a stopped run raises reflact.errors.Stopped)
+    status: str  # FINISHED or FAILED (a stopped run raises reflact.core.errors.Stopped)
     reason: str = ""  # why it failed, and what to check
     mlflow_run_id: str | None = None
     analysis: dict | None = None  # agreement, redundancy, distinct items (reflact.analysis.figures)

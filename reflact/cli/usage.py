@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from reflact.imports import one_at_a_time
-from reflact.shipped import conf_dir
+from reflact.core.imports import one_at_a_time
+from reflact.core.shipped import conf_dir
 
 FLAGS = ("--help", "-h")
 # with these Hydra reads configs of the user's own, which only its own help knows about

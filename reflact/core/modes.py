@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from reflact.errors import UserError
-from reflact.groups import FAILURE, Group
+from reflact.core.errors import UserError
+from reflact.core.groups import FAILURE, Group
 
 EDIT_OPS = ("append", "insert_after", "replace", "delete")
 NEEDS_TARGET = ("insert_after", "replace", "delete")  # ops that find a target in the skill

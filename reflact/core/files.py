@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from reflact.errors import UserError
+from reflact.core.errors import UserError
 
 # errno -> how the one-line message starts
 _FULL = {errno.ENOSPC: "no space left on the device"}

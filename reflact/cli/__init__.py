@@ -1,0 +1,1 @@
+"""The command line's parts beside its entry point (reflact/run.py): its `--help` (usage)."""
