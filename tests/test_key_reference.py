@@ -56,10 +56,10 @@ def test_every_key_of_the_schema_is_listed_with_its_composed_default(made):
 
 
 def test_a_key_without_a_comment_is_refused_by_name(keys_script, tmp_path, monkeypatch, capsys):
-    source = (PROJECT / "reflact" / "config.py").read_text(encoding="utf-8")
+    source = (PROJECT / "reflact" / "config" / "schema.py").read_text(encoding="utf-8")
     comment = "    # calls in flight at once\n    workers: int = 16\n"
     assert comment in source
-    schema = tmp_path / "config.py"
+    schema = tmp_path / "schema.py"
     schema.write_text(source.replace(comment, "    workers: int = 16\n"), encoding="utf-8")
     out = tmp_path / "keys.md"
     out.write_text("before", encoding="utf-8")
@@ -67,7 +67,7 @@ def test_a_key_without_a_comment_is_refused_by_name(keys_script, tmp_path, monke
     monkeypatch.setattr(keys_script, "OUT", out)
     assert keys_script.main([]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == ("docs/keys.py: no comment on reflect.workers in reflact/config.py: "
+    assert err.strip() == ("docs/keys.py: no comment on reflect.workers in reflact/config/schema.py: "
                            "say in a comment what each does")
     assert out.read_text(encoding="utf-8") == "before"  # nothing written
 
