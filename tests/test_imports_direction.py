@@ -67,6 +67,13 @@ def test_every_module_has_a_layer():
     assert sorted(m for m in graph() if m.split(".")[1] not in LAYER) == []
 
 
+def test_the_top_level_holds_only_the_ways_in():
+    """Beside the subpackages, reflact/ holds the entry points and the public API only (the last
+    layer): a module of a stage or a shared basic goes in its subpackage."""
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    assert [name for name in top if LAYER.get(name) != len(LAYERS) - 1] == []
+
+
 def test_no_import_points_upward():
     edges = graph()  # once: rebuilt for every edge it took minutes
     upward = sorted(f"{m} -> {d}" for m, deps in edges.items() for d in deps if d in edges and layer(d) > layer(m))
