@@ -997,3 +997,63 @@ def _number(
         raise UserError(f"{key} must be >= {low}, got {value}")
     if high is not None and value > high:
         raise UserError(f"{key} must be <= {high}, got {value}")
+
+
+# --- What each part of a run gets (issue 38) -------------------------------------------------
+# The whole ReflactConfig reaches only the entry points and this module, which records it (params,
+# the saved config) and decides, for every key, whether it changes results: UNCHANGING above (a
+# rerun resumes), SHAPING below (in every saved patch's fingerprint), or neither (it changes the
+# messages, which the fingerprint holds whole). The parts get their sections, or a small
+# dataclass made from them (tests/test_config_parts.py keeps it so).
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The checked config's sections, built once at the entry: what the run's orchestration
+    (reflact.experiment) hands its parts, each the section(s) it uses."""
+
+    data: DataConfig
+    reflect: ReflectConfig
+    prompts: PromptsConfig
+    optimizer: OptimizerConfig
+    mlflow: MlflowConfig
+    analysis: AnalysisConfig
+
+
+def parts(cfg: ReflactConfig) -> Parts:
+    return Parts(cfg.data, cfg.reflect, cfg.prompts, cfg.optimizer, cfg.mlflow, cfg.analysis)
+
+
+# the keys a saved patch's fingerprint holds besides its messages, as Shape names them
+SHAPING = {
+    "optimizer.model": "model",
+    "reflect.update_mode": "mode",
+    "reflect.edit_budget": "budget",
+    "optimizer.temperature": "temperature",
+    "optimizer.reasoning_effort": "reasoning_effort",
+    "optimizer.sample": "sample",
+    "optimizer.samples": "samples",
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What of the settings shapes a call without showing in its messages (running.rundir.fingerprint)."""
+
+    model: str
+    mode: str
+    budget: int
+    temperature: float | None
+    reasoning_effort: str | None
+    sample: int
+    samples: int
+
+
+def shape(reflect: ReflectConfig, optimizer: OptimizerConfig) -> Shape:
+    sections = {"reflect": reflect, "optimizer": optimizer}
+    return Shape(**{name: getattr(sections[key.split(".")[0]], key.split(".")[1]) for key, name in SHAPING.items()})
+
+
+def model_priced(o: OptimizerConfig) -> bool:
+    """Whether the model has a price: without one every cost is unknown (None), never $0."""
+    return o.model in o.prices
