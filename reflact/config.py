@@ -1057,3 +1057,49 @@ def shape(reflect: ReflectConfig, optimizer: OptimizerConfig) -> Shape:
 def model_priced(o: OptimizerConfig) -> bool:
     """Whether the model has a price: without one every cost is unknown (None), never $0."""
     return o.model in o.prices
+
+
+# The other keys that do not reach the fingerprint themselves, each with everything under it.
+# Through the messages, which each fingerprint holds whole: the dataset, which runs a minibatch
+# shows and in what order, the templates and contexts, how a prompt is split to fit the window.
+THROUGH_MESSAGES = (
+    "data",
+    "reflect.minibatch_size",
+    "reflect.seed",
+    "reflect.failure_only",
+    "reflect.success_threshold",
+    "reflect.skill_aware",
+    "reflect.step_buffer",
+    "reflect.meta_skill",
+    "reflect.provenance",
+    "prompts",
+    "optimizer.context_window",
+    "optimizer.context_overflow",
+)
+# How a call is sent, re-asked and judged, not what it asks: a rerun keeps the patches it saved,
+# and only its new calls follow the changed setting.
+REUSED = (
+    "reflect.max_reasks",
+    "reflect.allow_failed_minibatches",
+    "optimizer.provider",
+    "optimizer.azure.deployment",
+    "optimizer.azure.api_version",
+    "optimizer.max_output_tokens",
+    "optimizer.max_output_tokens_full_rewrite",
+    "optimizer.max_output_tokens_ceiling",
+    "optimizer.token_limit_param",
+    "optimizer.structured_output",
+    "optimizer.dry_run",
+)
+
+
+def decided(key: str) -> list[str]:
+    """Which of UNCHANGING, SHAPING, THROUGH_MESSAGES and REUSED a key (`section.key`) is under:
+    exactly one for every key of the schema (tests/test_config_parts.py)."""
+    under = {
+        "UNCHANGING": UNCHANGING,
+        "SHAPING": tuple(SHAPING),
+        "THROUGH_MESSAGES": THROUGH_MESSAGES,
+        "REUSED": REUSED,
+    }
+    return [name for name, keys in under.items() if any(key == k or key.startswith(k + ".") for k in keys)]

@@ -240,3 +240,45 @@ def test_a_part_that_takes_its_sections_passes():
     trees = modules()
     trees["tracking/store.py"] = ast.parse(SECTIONS_ONLY)
     assert "tracking/store.py" not in offences(trees)
+
+
+def _keys(node: object, prefix: str = "") -> list[str]:
+    """Every key of the schema as `section.key` (a dict, such as the price table, is one key)."""
+    found = []
+    for f in dataclasses.fields(node):  # type: ignore[arg-type]
+        value = getattr(node, f.name)
+        found += _keys(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else [prefix + f.name]
+    return found
+
+
+def test_every_key_is_decided_once_whether_it_changes_results():
+    """Adding a key means deciding in config whether a rerun may reuse what was saved: UNCHANGING,
+    SHAPING (in every fingerprint), THROUGH_MESSAGES or REUSED, exactly one."""
+    from reflact.config import decided
+
+    assert {key: decided(key) for key in _keys(ReflactConfig()) if len(decided(key)) != 1} == {}
+
+
+def test_a_fingerprint_holds_what_shaping_names():
+    """The fingerprint's settings are the keys SHAPING names: changing one redoes every patch."""
+    from reflact.config import SHAPING, shape
+    from reflact.running.rundir import fingerprint
+    from tests.conftest import make_config
+
+    common = ("data.dir=unread", "optimizer.samples=2", "optimizer.temperature=1.0")
+    base = make_config(*common)
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    changed = {
+        "optimizer.model": "another-model",
+        "reflect.update_mode": "full_rewrite",
+        "reflect.edit_budget": "7",
+        "optimizer.temperature": "0.5",
+        "optimizer.reasoning_effort": "high",
+        "optimizer.sample": "3",
+        "optimizer.samples": "1",
+    }
+    assert set(changed) == set(SHAPING)
+    before = fingerprint(shape(base.reflect, base.optimizer), messages)
+    for key, value in changed.items():
+        cfg = make_config(*common, f"{key}={value}")
+        assert fingerprint(shape(cfg.reflect, cfg.optimizer), messages) != before, key
