@@ -25,7 +25,8 @@ from reflact.config import ReflactConfig
 
 PACKAGE = Path(__file__).resolve().parent.parent / "reflact"
 
-# paths relative to reflact/; an entry ending in "/" holds every module under that folder
+# paths relative to reflact/; an entry ending in "/" holds every module under that folder. Only the
+# entry points that need the whole config are listed (batch.py and import_traces.py do not)
 WHOLE_CONFIG_ALLOWED = (
     "config.py",  # the schema, its checks, and the one place that records it (params, UNCHANGING, SHAPING)
     "config/",  # the same, once config is a package
@@ -33,8 +34,6 @@ WHOLE_CONFIG_ALLOWED = (
     "api.py",  # reflact.reflect and compose
     "analyze.py",
     "relog.py",
-    "batch.py",
-    "import_traces.py",
     "compat/skillopt.py",  # SkillOpt's drop-in: its public functions take a user's config
     "compat/mlflow.py",  # the optimizer for mlflow.genai.optimize_prompts: composes a config per prompt
     "sweeps/sweep.py",  # the multirun's Hydra callbacks: Hydra hands them the composed DictConfig
