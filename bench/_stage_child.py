@@ -32,9 +32,10 @@ def main() -> None:
 
     from _common import compose_config
 
+    from reflact.core.modes import get_mode
     from reflact.inputs.dataset import load_dataset
     from reflact.orchestration.experiment import make_optimizer
-    from reflact.running.stage import Stage
+    from reflact.running.stage import Stage, StageSettings
 
     cfg = compose_config(
         f"data.dir={args.data}", "optimizer=compatible", f"optimizer.base_url={args.base_url}",
@@ -43,8 +44,8 @@ def main() -> None:
         f"reflect.edit_budget={args.edit_budget}", f"reflect.seed={args.seed}",
     )
     dataset = load_dataset(cfg.data)
-    optimizer = make_optimizer(cfg, args.run_dir, dataset.skill)
-    stage = Stage(cfg, dataset, optimizer, args.run_dir)
+    optimizer = make_optimizer(cfg.optimizer, get_mode(cfg.reflect.update_mode), args.run_dir, dataset.skill)
+    stage = Stage(StageSettings(cfg.reflect, cfg.prompts, cfg.optimizer), dataset, optimizer, args.run_dir)
     started_at = time.time()
     started = time.perf_counter()
     outcomes = stage.run()

@@ -297,7 +297,12 @@ def analyze(
         out = sweeps[0].report if len(sweeps) == 1 and all(SweepDir(p).is_sweep() for p in paths) else Path("analysis")
     usable_folder(out, "--out")  # before any call the analysis makes
     chosen = matcher_for(
-        cfg, Path.cwd(), 0.0, out / "judge", pick_threshold(threshold, runs, cfg.analysis.matcher.value)
+        cfg.analysis,
+        cfg.optimizer,
+        Path.cwd(),
+        0.0,
+        out / "judge",
+        pick_threshold(threshold, runs, cfg.analysis.matcher.value),
     )
     try:
         result = figures(runs, chosen.matcher)

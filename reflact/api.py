@@ -98,7 +98,7 @@ def _reflect(
             inputs.write(cfg, folder / "inputs")
         elif data is not None:
             cfg.data.dir = str(Path(data).resolve())
-        under_active_run(cfg)  # inside `with mlflow.start_run():`, a child of that run
+        under_active_run(cfg.mlflow)  # inside `with mlflow.start_run():`, a child of that run
         with as_user_error():
             cfg, params = from_hydra(_structured(cfg))
         with _logging_shown(), environment_kept("MLFLOW_"):
@@ -109,11 +109,12 @@ def _reflect(
 def run(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch) -> Reflection:
     """The stage as an experiment, for the API and the command line (`launch` is a Path or an
     experiment.Launch): its result, the patches in plan order."""
+    from reflact.config import parts
     from reflact.orchestration.experiment import Launch, run_experiment
 
     if not isinstance(launch, Launch):
         launch = Launch(Path(launch), record_config=lambda: _record_config(cfg, run_dir))
-    result = run_experiment(cfg, params, run_dir, launch)
+    result = run_experiment(parts(cfg), params, run_dir, launch)
     return Reflection(
         result.patches,
         result.summary,

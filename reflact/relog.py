@@ -28,6 +28,7 @@ from reflact.core.errors import UserError, exits_on_user_error, own_lines_shown
 from reflact.running.rundir import HYDRA, SUMMARY, RunDir, SweepDir, TraceRecords, recorded_requests
 
 if TYPE_CHECKING:
+    from reflact.config import OptimizerConfig
     from reflact.tracking.process import RunContext
 
 log = logging.getLogger("reflact")
@@ -48,11 +49,11 @@ def relog(run_dir: Path, launch_dir: Path, tracking_uri: str | None) -> str | No
     mirror = None
     try:
         with mlflow_globals_at(uri):
-            mirror = Mirror(Store(uri, read.context.cfg.mlflow.experiment, launch_dir), read.context)
+            mirror = Mirror(Store(uri, read.context.mlflow.experiment, launch_dir), read.context)
             run_id = mirror.open()
             mirror.write(read.events)
-            if read.context.cfg.mlflow.trace_calls:
-                mirror.store.traces(read.requests, read.context.cfg.optimizer.model)
+            if read.context.mlflow.trace_calls:
+                mirror.store.traces(read.requests, read.context.optimizer.model)
             mirror.end(read.summary, read.status, read.ended_ms)
     except UserError:  # a store no retry opens (half-migrated): what to do, in one line
         raise
@@ -87,14 +88,14 @@ def _read(rd: RunDir, launch_dir: Path, tracking_uri: str | None) -> Read:
 
     summary = loggable_summary(rd.root)  # the shape the stage writes, or one line naming the damage
     context = _context(rd, launch_dir, tracking_uri, summary)
-    outcomes = _outcomes(summary, context.cfg, rd)
-    status, _ = run_status(summary["counts"], context.cfg, outcomes, rd.root)
+    outcomes = _outcomes(summary, context.optimizer, rd)
+    status, _ = run_status(summary["counts"], context.reflect, context.optimizer, outcomes, rd.root)
     checked_analysis(rd.root)
     check_kept_items(rd.root)
     records = TraceRecords(rd)
-    requests = recorded_requests(records.of(), records.path) if context.cfg.mlflow.trace_calls else []
+    requests = recorded_requests(records.of(), records.path) if context.mlflow.trace_calls else []
     ended_ms = int(summary.get("times", {}).get("ended_at", time.time()) * 1000)
-    uri = str(context.cfg.mlflow.tracking_uri)  # _context set it
+    uri = str(context.mlflow.tracking_uri)  # _context set it
     return Read(context, uri, summary, status, _events(rd, summary, outcomes), requests, ended_ms)
 
 
@@ -109,7 +110,11 @@ def _context(rd: RunDir, launch_dir: Path, tracking_uri: str | None, summary: di
     sweep_dir = _sweep_dir(rd.root) if multirun else None
     dataset, system = _inputs(cfg)
     return RunContext(
-        cfg=cfg,
+        data=cfg.data,
+        reflect=cfg.reflect,
+        prompts=cfg.prompts,
+        optimizer=cfg.optimizer,
+        mlflow=cfg.mlflow,
         params=params,
         run_dir=rd,
         launch_dir=launch_dir,
@@ -131,7 +136,7 @@ def _saved_config(rd: RunDir, launch_dir: Path, tracking_uri: str | None):
 
     config.register()
     cfg, params = config.from_hydra(saved_config(rd / HYDRA / "config.yaml"))
-    cfg.mlflow.tracking_uri = tracking_uri or default_uri(cfg, launch_dir)
+    cfg.mlflow.tracking_uri = tracking_uri or default_uri(cfg.mlflow, launch_dir)
     return cfg, params
 
 
@@ -214,18 +219,18 @@ def _inputs(cfg):
     return dataset, system
 
 
-def _outcomes(summary: dict, cfg, rd: RunDir) -> list:
+def _outcomes(summary: dict, o: OptimizerConfig, rd: RunDir) -> list:
     """The minibatches' records as the stage's outcomes; what the MLflow run needs of them beyond
     what loggable_summary checks (a cost, for a priced model) is checked too."""
     from reflact.calls.protocol import Usage
-    from reflact.config import priced
+    from reflact.config import model_priced
     from reflact.running.outcome import Outcome
 
     names = {f.name for f in fields(Outcome)}
     outcomes = []
     for number, record in enumerate(summary["minibatches"]):
         missing = [key for key in ("cost_usd", "spent_usd") if record.get(key, 0.0) is None]
-        if missing and priced(cfg):
+        if missing and model_priced(o):
             where = f"{rd / SUMMARY}: minibatches[{number}].{missing[0]}"
             raise UserError(f"{where} is damaged (null for a priced model)")
         kept = {k: v for k, v in record.items() if k in names}

@@ -88,7 +88,7 @@ def _run(
     result = run(cfg, params, run_dir, launch)
     if result.status == "FAILED" or result.reason:  # a batch left to run by a fault has its reason too
         raise RunFailed(result.reason)
-    return optimized_value(cfg, result.summary)
+    return optimized_value(cfg.optimized_metric, result.summary)
 
 
 def _command_line(run_dir: Path, multirun: bool) -> str:

@@ -72,6 +72,26 @@ def write_dataset(root: Path, n_fail: int, n_succ: int, seed: int = 0, missing: 
     (root / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return root
 
+def stage_settings(cfg: reflact_config.ReflactConfig):
+    """The sections the stage reads, as the run's orchestration hands them to it."""
+    from reflact.running.stage import StageSettings
+
+    return StageSettings(cfg.reflect, cfg.prompts, cfg.optimizer)
+
+
+def shape_of(cfg: reflact_config.ReflactConfig) -> reflact_config.Shape:
+    """What a fingerprint holds of the settings besides the messages."""
+    return reflact_config.shape(cfg.reflect, cfg.optimizer)
+
+
+def run_context(cfg: reflact_config.ReflactConfig, **given):
+    """A run's context for its tracker, with the sections it reads."""
+    from reflact.tracking.process import RunContext
+
+    sections = {name: getattr(cfg, name) for name in ("data", "reflect", "prompts", "optimizer", "mlflow")}
+    return RunContext(**sections, **given)
+
+
 def long_dataset(root: Path, n_fail: int, obs_chars: int) -> Path:
     """Failures only, each with an observation of `obs_chars` characters between HEAD and TAIL
     (about obs_chars / 4 tokens a trajectory): for the context-window rules."""
@@ -134,7 +154,7 @@ def stage_for(tmp_path: Path, server, data: Path, *overrides: str, run_dir: Path
                       "optimizer.retry.initial_wait_s=0.01", "optimizer.retry.max_wait_s=0.02", "optimizer.cache=off",
                       *overrides)
     client = optimizer or make_client(cfg.optimizer, tmp_path, environ={})
-    return Stage(cfg, load_dataset(cfg.data), client, run_dir or tmp_path / "run")
+    return Stage(stage_settings(cfg), load_dataset(cfg.data), client, run_dir or tmp_path / "run")
 
 
 @pytest.fixture

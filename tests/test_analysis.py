@@ -23,6 +23,7 @@ from reflact.analysis import matching
 from reflact.analysis.figures import Item, Run, analyse, load_run, seed_agreement
 from reflact.analysis.matching import item_key, match, match_chunks, normalise
 from reflact.calls.protocol import DryRunEstimator
+from reflact.config import parts as config_parts
 from reflact.core.errors import UserError
 from reflact.core.groups import FAILURE, GROUPS
 from reflact.core.modes import MODES, SUPPORT_FIELD, reply_schema
@@ -259,7 +260,7 @@ def test_one_draw_sends_no_seed_and_keeps_its_names_and_fingerprint(tmp_path, se
              "sample": 0, "messages": messages}
     assert patch["fingerprint"] == hashlib.sha256(json.dumps(shape, sort_keys=True, ensure_ascii=False)
                                                   .encode("utf-8")).hexdigest()
-    assert fingerprint(stage.cfg, messages, 0) == patch["fingerprint"]
+    assert fingerprint(stage.shape, messages, 0) == patch["fingerprint"]
 
 
 def test_each_draw_is_cached_under_its_own_key(tmp_path, server):
@@ -342,7 +343,7 @@ def test_provenance_maps_positions_to_ids_and_counts_what_no_item_stands_on(tmp_
     cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
                       "optimizer.cache=off", "mlflow.enabled=false", "reflect.minibatch_size=4",
                       "reflect.edit_budget=2", "reflect.provenance=true")
-    result = run_experiment(cfg, {}, tmp_path / "run", Launch(tmp_path))
+    result = run_experiment(config_parts(cfg), {}, tmp_path / "run", Launch(tmp_path))
     assert "## Evidence Behind Each Item" in server.requests[0]["messages"][0]["content"]
     named = set()
     for record in result.summary["minibatches"]:
@@ -421,7 +422,7 @@ def experiment(tmp_path, server, data, run_dir, *overrides):
     cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
                       "optimizer.cache=off", "mlflow.enabled=false", "reflect.minibatch_size=4",
                       "optimizer.temperature=1", *overrides)
-    return run_experiment(cfg, {}, run_dir, Launch(tmp_path))
+    return run_experiment(config_parts(cfg), {}, run_dir, Launch(tmp_path))
 
 
 def test_a_run_writes_its_analysis_and_a_single_draw_has_no_agreement(tmp_path, server):
@@ -477,7 +478,7 @@ def test_a_run_logs_its_analysis_to_mlflow(tmp_path, server, launch_dir):
     cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
                       "optimizer.cache=off", "reflect.minibatch_size=4", "optimizer.temperature=1",
                       "optimizer.samples=2", "mlflow.trace_calls=false")
-    result = run_experiment(cfg, {}, tmp_path / "run", Launch(launch_dir))
+    result = run_experiment(config_parts(cfg), {}, tmp_path / "run", Launch(launch_dir))
     client = MlflowClient(f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}")
     run = client.get_run(result.mlflow_run_id)
     for key in ("agreement", "redundancy", "distinct_edits"):

@@ -106,13 +106,13 @@ def test_identical_requests_of_two_runs_go_once_in_one_batch(tmp_path):
     from reflact.inputs.dataset import load_dataset
     from reflact.running.batch import Batching
     from reflact.running.batch_requests import Unit
-    from tests.conftest import _compose
+    from tests.conftest import _compose, stage_settings
 
     data = write_dataset(tmp_path / "data", n_fail=4, n_succ=2)
     with OptimizerServer() as srv:
         cfg = from_hydra(_compose([f"data.dir={data}", *settings(srv, "optimizer.execution=batch")]))[0]
         dataset = load_dataset(cfg.data)
-        units = [Unit(cfg, dataset, tmp_path / "cell_a"), Unit(cfg, dataset, tmp_path / "cell_b")]
+        units = [Unit(stage_settings(cfg), dataset, tmp_path / cell) for cell in ("cell_a", "cell_b")]
         batching = Batching(BatchFiles(tmp_path / "sweep"), units, "sweep", tmp_path, "the same command")
         try:
             batching.check()

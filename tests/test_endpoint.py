@@ -12,6 +12,7 @@ import pytest
 
 from reflact.calls.client import make_client
 from reflact.calls.protocol import CallError
+from reflact.config import parts as config_parts
 from reflact.core.errors import UserError
 from reflact.orchestration.experiment import Launch, run_experiment
 from reflact.testing.optimizer_server import OptimizerServer, Response
@@ -30,7 +31,7 @@ def closed_port_url() -> str:
 def experiment(tmp_path, data, base_url, *overrides):
     cfg = make_config(f"data.dir={data}", f"optimizer.base_url={base_url}", "optimizer.model=test",
                       "reflect.minibatch_size=4", "mlflow.enabled=false", *FAST, *overrides)
-    return run_experiment(cfg, {}, tmp_path / "run", Launch(tmp_path))
+    return run_experiment(config_parts(cfg), {}, tmp_path / "run", Launch(tmp_path))
 
 
 def refusing(status: int):

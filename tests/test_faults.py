@@ -24,6 +24,7 @@ from reflact.calls.client import ABANDONED, is_transient, make_client, retry_aft
 from reflact.calls.protocol import CallError, DryRunEstimator, Reply, Usage
 from reflact.calls.ratelimit import Bucket, RateLimiter
 from reflact.config import CacheMode
+from reflact.config import parts as config_parts
 from reflact.core.errors import UserError
 from reflact.core.modes import get_mode
 from reflact.inputs.dataset import load_dataset
@@ -32,7 +33,7 @@ from reflact.prompting.plan import plan_minibatches
 from reflact.replies.patches import check_reply
 from reflact.running.stage import Stage
 from reflact.testing.optimizer_server import OptimizerServer, Response, chat_body, default_reply
-from tests.conftest import make_config, write_dataset
+from tests.conftest import make_config, stage_settings, write_dataset
 
 try:  # the HTTP client the installed openai SDK is built on
     import httpx2 as httpx
@@ -59,7 +60,8 @@ def run_stage(tmp_path, server, dataset_dir, *overrides, run_dir=None):
     """The stage through the real client (the pattern of tests/test_stage.py)."""
     cfg = config(tmp_path, server, dataset_dir, *overrides)
     dataset = load_dataset(cfg.data)
-    stage = Stage(cfg, dataset, make_client(cfg.optimizer, tmp_path, environ={}), run_dir or tmp_path / "run")
+    client = make_client(cfg.optimizer, tmp_path, environ={})
+    stage = Stage(stage_settings(cfg), dataset, client, run_dir or tmp_path / "run")
     return stage.run()
 
 
@@ -369,7 +371,7 @@ def test_an_unreachable_server_fails_every_minibatch_at_once(tmp_path, server):
     data = write_dataset(tmp_path / "d", n_fail=8, n_succ=0)
     cfg = config(tmp_path, server, data, f"optimizer.base_url=http://127.0.0.1:{port}/v1",
                  "optimizer.retry.max_attempts=2")
-    outcomes = Stage(cfg, load_dataset(cfg.data), make_client(cfg.optimizer, tmp_path, environ={}),
+    outcomes = Stage(stage_settings(cfg), load_dataset(cfg.data), make_client(cfg.optimizer, tmp_path, environ={}),
                      tmp_path / "run").run()
     assert len(outcomes) == 2
     for o in outcomes:
@@ -721,7 +723,7 @@ def test_schema_fallback_request_counts_against_rpm(tmp_path, server, clock):
 
 def test_dry_run_calls_nothing_and_estimates_cost(tmp_path, server, dataset):
     cfg = config(tmp_path, server, dataset, *PRICED)
-    stage = Stage(cfg, load_dataset(cfg.data), DryRunEstimator(1500), tmp_path / "run")
+    stage = Stage(stage_settings(cfg), load_dataset(cfg.data), DryRunEstimator(1500), tmp_path / "run")
     outcomes = stage.run()
     assert server.count == 0
     assert len(outcomes) == N_MINIBATCHES
@@ -732,14 +734,14 @@ def test_dry_run_calls_nothing_and_estimates_cost(tmp_path, server, dataset):
         assert not (tmp_path / "run" / "patches" / f"{o.tag}.json").exists()
     # no price for the model: tokens still estimated, cost 0
     cfg = config(tmp_path, server, dataset)
-    [unpriced, *_] = Stage(cfg, load_dataset(cfg.data), DryRunEstimator(1500), tmp_path / "run2").run()
+    [unpriced, *_] = Stage(stage_settings(cfg), load_dataset(cfg.data), DryRunEstimator(1500), tmp_path / "run2").run()
     assert unpriced.status == "dry_run" and unpriced.usage.prompt > 0 and unpriced.cost_usd == 0
 
 
 def test_dry_run_experiment_logs_a_cost_estimate(tmp_path, server, dataset, caplog):
     cfg = config(tmp_path, server, dataset, *PRICED, "optimizer.dry_run=true", "mlflow.enabled=false")
     with caplog.at_level(logging.INFO, logger="reflact"):
-        summary = run_experiment(cfg, {}, tmp_path / "run", Launch(tmp_path)).summary
+        summary = run_experiment(config_parts(cfg), {}, tmp_path / "run", Launch(tmp_path)).summary
     assert server.count == 0
     assert summary["counts"]["minibatches_dry_run"] == N_MINIBATCHES and summary["counts"]["calls"] == 0
     assert summary["counts"]["cost_usd"] > 0

@@ -11,6 +11,7 @@ import pytest
 
 from reflact.analysis import guards
 from reflact.analysis.matching import item_key
+from reflact.config import parts as config_parts
 from reflact.core.errors import UserError
 from reflact.orchestration.experiment import Launch, run_experiment
 from reflact.testing.optimizer_server import OptimizerServer, Response
@@ -39,7 +40,7 @@ def run(tmp_path, server, name, *overrides, data=None):
     cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
                       "mlflow.enabled=false", "reflect.minibatch_size=4", "optimizer.temperature=1",
                       "optimizer.samples=2", *overrides)
-    return run_experiment(cfg, {}, tmp_path / name, Launch(tmp_path))
+    return run_experiment(config_parts(cfg), {}, tmp_path / name, Launch(tmp_path))
 
 
 def embedding_settings(url: str) -> list[str]:

@@ -96,7 +96,8 @@ def selected(uri: str, *extra: str):
     from reflact.config import validate
     from reflact.inputs.source import load_input
 
-    return load_input(validate(compose(settings(uri, *extra))), Path.cwd())
+    cfg = validate(compose(settings(uri, *extra)))
+    return load_input(cfg.data, cfg.mlflow, cfg.reflect, Path.cwd())
 
 
 def test_the_label_and_pass_rule_select_the_traces_and_the_rest_are_counted_unlabelled(store, caplog):

@@ -34,7 +34,17 @@ from reflact.running.rundir import RunDir
 from reflact.running.stage import Stage
 from reflact.running.summary import summarize
 from reflact.testing.optimizer_server import OptimizerServer, Response, chat_body, default_reply
-from tests.conftest import file_bytes, make_config, ok, output, patches_of, run_cli, summary_of, write_dataset
+from tests.conftest import (
+    file_bytes,
+    make_config,
+    ok,
+    output,
+    patches_of,
+    run_cli,
+    stage_settings,
+    summary_of,
+    write_dataset,
+)
 
 CANARY = "sk-canary-7f3a9c1e5b2d4a6f8e0c"
 IDS = re.compile(r"^### Trajectory \d+ of \d+ \(id: (.+)\)$", re.M)
@@ -440,7 +450,7 @@ def test_500_minibatches_with_64_workers_and_random_latency(tmp_path, server):
     dataset = load_dataset(cfg.data)
     run_dir = tmp_path / "run"
     started = time.monotonic()
-    stage = Stage(cfg, dataset, make_client(cfg.optimizer, tmp_path, environ={}), run_dir)
+    stage = Stage(stage_settings(cfg), dataset, make_client(cfg.optimizer, tmp_path, environ={}), run_dir)
     outcomes = stage.run()
     elapsed = time.monotonic() - started
     MEASURED["500 minibatches, 64 workers: stage seconds"] = round(elapsed, 2)
@@ -459,7 +469,8 @@ def test_500_minibatches_with_64_workers_and_random_latency(tmp_path, server):
         assert patch["n_proposed"] == budget + 2
     assert not list(run_dir.rglob("*.tmp"))
     assert {o.status for o in outcomes} == {"done"}
-    summary, _ = summarize(stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.patches, stage.system.hashes(),
+    summary, _ = summarize(stage.run_dir, cfg.reflect, cfg.optimizer, dataset, stage.mode, outcomes, stage.patches,
+                           stage.system.hashes(),
                            started, time.monotonic)
     c = summary["counts"]
     assert c["calls"] == 500 and c["minibatches_done"] == 500 and c["failed_calls"] == 0
@@ -521,7 +532,8 @@ def test_oversized_conversation_is_skipped_when_asked(tmp_path, server):
                       "reflect.minibatch_size=1")
     dataset = load_dataset(cfg.data)
     assert list(dataset.skipped) == [big] and "data.max_file_mb" in dataset.skipped[big]
-    outcomes = Stage(cfg, dataset, make_client(cfg.optimizer, tmp_path, environ={}), tmp_path / "run").run()
+    client = make_client(cfg.optimizer, tmp_path, environ={})
+    outcomes = Stage(stage_settings(cfg), dataset, client, tmp_path / "run").run()
     assert server.count == 3
     assert sorted(o.status for o in outcomes) == ["done", "done", "done", "skipped"]
     assert all(big not in request_ids(r) for r in server.requests)
@@ -537,7 +549,7 @@ def test_oversized_extras_file_is_found_before_any_call(tmp_path, server):
     (data / "predictions" / last / "target_system_prompt.txt").write_text("y" * 4000, encoding="utf-8")
     with pytest.raises(UserError, match="max_file_mb"):
         dataset = load_dataset(cfg.data)
-        Stage(cfg, dataset, make_client(cfg.optimizer, tmp_path, environ={}), tmp_path / "run").run()
+        Stage(stage_settings(cfg), dataset, make_client(cfg.optimizer, tmp_path, environ={}), tmp_path / "run").run()
     assert server.count == 0  # SPEC 1.2: inputs are validated before the first call
 
 

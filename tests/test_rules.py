@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from reflact.calls.protocol import DryRunEstimator
+from reflact.config import parts as config_parts
 from reflact.core.modes import get_mode
 from reflact.inputs.dataset import Dataset, load_dataset
 from reflact.orchestration.experiment import Launch, run_experiment
@@ -25,7 +26,16 @@ from reflact.running.rundir import RunDir, fingerprint
 from reflact.running.stage import Stage
 from reflact.running.summary import counts, run_status
 from reflact.testing.optimizer_server import Response, chat_body, default_reply
-from tests.conftest import SKILL, long_dataset, make_config, stage_for, write_dataset
+from tests.conftest import (
+    SKILL,
+    long_dataset,
+    make_config,
+    run_context,
+    shape_of,
+    stage_for,
+    stage_settings,
+    write_dataset,
+)
 
 OFFLINE = "optimizer.base_url=http://127.0.0.1:9"  # never called: the plan and prompts only
 SHOWN_IDS = re.compile(r"^### Trajectory \d+ of \d+ \(id: (.+)\)$", re.M)
@@ -53,7 +63,7 @@ def plan_of(data: Path, *overrides: str) -> list[Minibatch]:
 def dry_stage(data: Path, run_dir: Path, *overrides: str) -> Stage:
     """The stage with the dry-run estimator: every prompt built and written, nothing called."""
     cfg = make_config(f"data.dir={data}", OFFLINE, *overrides)
-    return Stage(cfg, load_dataset(cfg.data), DryRunEstimator(1500), run_dir)
+    return Stage(stage_settings(cfg), load_dataset(cfg.data), DryRunEstimator(1500), run_dir)
 
 
 # ---------------------------------------------------------------- SPEC 2.3: the seeded shuffles
@@ -119,7 +129,7 @@ def test_the_default_threshold_makes_only_zero_scores_failures(tmp_path):
                             "partial": "success", "one": "success"}
     # the summary counts with the same rule
     cfg = make_config(f"data.dir={data}", OFFLINE)
-    run_counts = counts(cfg, load_dataset(cfg.data), [], 0.0)
+    run_counts = counts(cfg.reflect, True, load_dataset(cfg.data), [], 0.0)
     assert (run_counts["results"], run_counts["failures"], run_counts["successes"]) == (6, 2, 4)
 
 
@@ -128,7 +138,7 @@ def test_failure_only_keeps_the_failures_at_the_boundary_and_counts_no_successes
     overrides = ("reflect.success_threshold=0.5", "reflect.failure_only=true")
     assert groups(data, *overrides) == {"below": "failure", "zero": "failure"}
     cfg = make_config(f"data.dir={data}", OFFLINE, *overrides)
-    run_counts = counts(cfg, load_dataset(cfg.data), [], 0.0)
+    run_counts = counts(cfg.reflect, True, load_dataset(cfg.data), [], 0.0)
     assert (run_counts["results"], run_counts["failures"], run_counts["successes"]) == (3, 2, 0)
     # the MLflow dataset's profile counts as summary.json does (it once counted 1 success here)
     assert logged_profile(tmp_path, cfg) == {"results": 3, "failures": 2, "successes": 0, "skipped": 0}
@@ -138,15 +148,14 @@ def logged_profile(tmp_path: Path, cfg) -> dict:
     """The profile the MLflow mirror gives the run's dataset input."""
     from reflact.running.rundir import RunDir
     from reflact.tracking.mirror import log_dataset
-    from reflact.tracking.process import RunContext
 
     class Store:
         def log_dataset(self, name, digest, source, profile):
             self.profile = profile
 
     store = Store()
-    log_dataset(store, RunContext(cfg=cfg, params={}, run_dir=RunDir(tmp_path / "run"),  # type: ignore[arg-type]
-                                  launch_dir=tmp_path, started_at=0.0), load_dataset(cfg.data))
+    context = run_context(cfg, params={}, run_dir=RunDir(tmp_path / "run"), launch_dir=tmp_path, started_at=0.0)
+    log_dataset(store, context, load_dataset(cfg.data))
     return store.profile
 
 
@@ -206,24 +215,26 @@ FP_OUTSIDE = {
 
 @pytest.mark.parametrize("change", list(FP_FIELDS.values()), ids=list(FP_FIELDS))
 def test_every_setting_of_the_fingerprint_changes_it(change):
-    assert fingerprint(make_config(*FP_BASE, change), MESSAGES) != fingerprint(make_config(*FP_BASE), MESSAGES)
+    base = fingerprint(shape_of(make_config(*FP_BASE)), MESSAGES)
+    assert fingerprint(shape_of(make_config(*FP_BASE, change)), MESSAGES) != base
 
 
 @pytest.mark.parametrize("change", list(FP_OUTSIDE.values()), ids=list(FP_OUTSIDE))
 def test_settings_outside_the_fingerprint_leave_it_alone(change):
-    assert fingerprint(make_config(*FP_BASE, change), MESSAGES) == fingerprint(make_config(*FP_BASE), MESSAGES)
+    base = fingerprint(shape_of(make_config(*FP_BASE)), MESSAGES)
+    assert fingerprint(shape_of(make_config(*FP_BASE, change)), MESSAGES) == base
 
 
 def test_both_messages_and_every_part_are_in_the_fingerprint():
     cfg = make_config(*FP_BASE)
-    base = fingerprint(cfg, MESSAGES)
+    base = fingerprint(shape_of(cfg), MESSAGES)
     system, user = MESSAGES
-    assert fingerprint(cfg, [{**system, "content": "another template"}, user]) != base
-    assert fingerprint(cfg, [system, {**user, "content": "another skill"}]) != base
+    assert fingerprint(shape_of(cfg), [{**system, "content": "another template"}, user]) != base
+    assert fingerprint(shape_of(cfg), [system, {**user, "content": "another skill"}]) != base
     split = Prompt([MESSAGES, [system, {**user, "content": "the second half"}]])
     assert split.messages == [*MESSAGES, system, {**user, "content": "the second half"}]
-    assert fingerprint(cfg, split.messages) != base
-    assert fingerprint(cfg, [dict(m) for m in MESSAGES]) == base  # a function of the values only
+    assert fingerprint(shape_of(cfg), split.messages) != base
+    assert fingerprint(shape_of(cfg), [dict(m) for m in MESSAGES]) == base  # a function of the values only
 
 
 def test_a_saved_patch_carries_the_fingerprint_of_its_settings_and_written_prompt(tmp_path, server):
@@ -234,7 +245,7 @@ def test_a_saved_patch_carries_the_fingerprint_of_its_settings_and_written_promp
     sent = [{"role": "system", "content": run_dir.system_path(outcome.tag).read_text(encoding="utf-8")},
             {"role": "user", "content": run_dir.user_path(outcome.tag, 1).read_text(encoding="utf-8")}]
     assert server.requests[0]["messages"] == sent
-    assert json.loads(run_dir.patch_path(outcome.tag).read_text())["fingerprint"] == fingerprint(stage.cfg, sent)
+    assert json.loads(run_dir.patch_path(outcome.tag).read_text())["fingerprint"] == fingerprint(stage.shape, sent)
 
 
 # a rerun with one change: (override, is the patch redone?)
@@ -455,7 +466,7 @@ def test_every_count_of_the_summary_has_its_own_known_value(tmp_path, server):
               "reflect.minibatch_size=3", "reflect.edit_budget=6", "reflect.workers=1", "mlflow.enabled=false"]
     run_dir = tmp_path / "run"
     server.script = lambda request, number: good_reply(request)
-    first = run_experiment(make_config(*common), {}, run_dir, Launch(tmp_path))
+    first = run_experiment(config_parts(make_config(*common)), {}, run_dir, Launch(tmp_path))
     assert first.summary["counts"]["minibatches_done"] == 9
 
     tag_ids = {mb.tag: mb.ids for mb in plan_of(data, "reflect.minibatch_size=3")}
@@ -483,7 +494,8 @@ def test_every_count_of_the_summary_has_its_own_known_value(tmp_path, server):
     server.script, before = script, server.count
     # room for the requests up to minibatch_succ_001's, not for minibatch_succ_002's (workers=1: in plan order)
     cap = WORST + 2.5 * REPLY_COST
-    result = run_experiment(make_config(*common, f"optimizer.max_cost_usd={cap}"), {}, run_dir, Launch(tmp_path))
+    capped = make_config(*common, f"optimizer.max_cost_usd={cap}")
+    result = run_experiment(config_parts(capped), {}, run_dir, Launch(tmp_path))
     summary = result.summary
     assert result.status == "FINISHED"
     assert server.count - before == 4 + 3 + 1  # fail_003: 2 retried + 2 answered; fail_004: 3 attempts; succ_001
@@ -531,7 +543,7 @@ def test_a_dry_run_counts_its_minibatches_as_dry_run_and_spends_nothing(tmp_path
     data = write_dataset(tmp_path / "d", n_fail=2, n_succ=5, missing=2)
     cfg = make_config(f"data.dir={data}", "optimizer=dry_run", "optimizer.model=test", "reflect.minibatch_size=2",
                       "+optimizer.prices.test={input:1,cached_input:0,output:2}", "mlflow.enabled=false")
-    c = run_experiment(cfg, {}, tmp_path / "run", Launch(tmp_path)).summary["counts"]
+    c = run_experiment(config_parts(cfg), {}, tmp_path / "run", Launch(tmp_path)).summary["counts"]
     # failures 000 (both runs missing); successes 000, 001, 002
     assert (c["minibatches"], c["minibatches_dry_run"], c["minibatches_skipped"], c["skipped"]) == (4, 3, 1, 2)
     assert (c["calls"], c["cache_hits"], c["spent_usd"], c["edits_proposed"]) == (0, 0, 0, 0)
@@ -544,7 +556,7 @@ def test_a_rewrite_run_lists_its_kept_items_and_has_no_apply_counts(tmp_path, se
     cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
                       "optimizer.cache=off", "reflect.update_mode=rewrite", "reflect.edit_budget=2",
                       "mlflow.enabled=false")
-    summary = run_experiment(cfg, {}, tmp_path / "run", Launch(tmp_path)).summary
+    summary = run_experiment(config_parts(cfg), {}, tmp_path / "run", Launch(tmp_path)).summary
     rows = list(RunDir(tmp_path / "run").kept_items())
     assert [(r["minibatch"], r["position"], r["item"]["title"]) for r in rows] == [
         ("minibatch_fail_000", 0, "s0"), ("minibatch_fail_000", 1, "s1"),
@@ -563,7 +575,8 @@ def status_of(*statuses: str, dry_run: bool = False, allow_failed: bool = True) 
     outcomes = [Outcome(tag=f"minibatch_fail_{i:03d}", group="failure", index=i, ids=[], status=s,
                         error="boom" if s == "failed" else "") for i, s in enumerate(statuses)]
     dataset = Dataset(skill="", results=[], predictions=Path("."), max_bytes=1)
-    return run_status(counts(cfg, dataset, outcomes, 0.0), cfg, outcomes, Path("the-run"))
+    run_counts = counts(cfg.reflect, True, dataset, outcomes, 0.0)
+    return run_status(run_counts, cfg.reflect, cfg.optimizer, outcomes, Path("the-run"))
 
 
 def test_the_run_fails_when_no_minibatch_made_a_patch_or_a_failure_is_not_allowed():
@@ -593,7 +606,7 @@ def test_a_key_a_server_echoes_is_redacted_in_every_record_of_the_run(tmp_path, 
     cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
                       "optimizer.cache=off", "mlflow.enabled=false")
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
-    result = run_experiment(cfg, {}, tmp_path / "run", Launch(tmp_path))
+    result = run_experiment(config_parts(cfg), {}, tmp_path / "run", Launch(tmp_path))
     assert server.authorizations == [f"Bearer {KEY}"]  # meaningful: the key was sent, and echoed back
     [record] = result.summary["minibatches"]
     assert record["error"].startswith("HTTP 401") and record["error"].endswith(" bad key *** given")

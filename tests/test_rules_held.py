@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from reflact.config import PARAM_MAX_CHARS, params
+from reflact.config import parts as config_parts
 from reflact.orchestration.experiment import Launch, run_experiment
 from reflact.running.summary import counts
 from reflact.testing.optimizer_server import Response, chat_body, default_reply, embedding_body
@@ -33,7 +34,7 @@ def settings(server, data: Path, *extra: str) -> list[str]:
 
 
 def run(tmp_path: Path, name: str, *overrides: str):
-    return run_experiment(make_config(*overrides), {}, tmp_path / name, Launch(tmp_path))
+    return run_experiment(config_parts(make_config(*overrides)), {}, tmp_path / name, Launch(tmp_path))
 
 
 def shown_id(request: dict) -> str:
@@ -75,7 +76,7 @@ def test_failed_calls_counts_failed_requests_not_minibatches_without_a_usable_re
     stage = stage_for(tmp_path, server, data, "reflect.minibatch_size=1", "reflect.workers=1", run_dir=tmp_path / "s")
     stage.asker.stopping.set()
     outcomes = stage.run()
-    stopped = counts(stage.cfg, stage.dataset, outcomes, 0.0)
+    stopped = counts(stage.settings.reflect, True, stage.dataset, outcomes, 0.0)
     assert all(o.error.startswith("stopped") for o in outcomes)
     assert (stopped["minibatches_failed"], stopped["failed_calls"]) == (3, 0)
 

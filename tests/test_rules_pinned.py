@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from reflact.calls.protocol import DryRunEstimator
+from reflact.config import parts as config_parts
 from reflact.core.errors import Stopped, UserError
 from reflact.inputs.dataset import load_dataset
 from reflact.orchestration.experiment import Launch, run_experiment
@@ -24,7 +25,7 @@ from reflact.running.ask import Spend, worst_cost
 from reflact.running.rundir import RunDir, fingerprint, locked
 from reflact.running.stage import Stage
 from reflact.testing.optimizer_server import Response, chat_body, default_reply
-from tests.conftest import make_config, stage_for, write_dataset
+from tests.conftest import make_config, shape_of, stage_for, stage_settings, write_dataset
 
 PRICED = "+optimizer.prices.test={input:1,cached_input:0.1,output:4}"
 ONE_EACH = "reflect.minibatch_size=1"
@@ -58,7 +59,7 @@ def worst_cases(tmp_path: Path, data: Path, *overrides: str) -> list[float]:
     cfg = make_config(f"data.dir={data}", "optimizer.base_url=http://127.0.0.1:9", "optimizer.model=test",
                       PRICED, *overrides)
     run_dir = RunDir(tmp_path / "dry")
-    outcomes = Stage(cfg, load_dataset(cfg.data), DryRunEstimator(1500), run_dir.root).run()
+    outcomes = Stage(stage_settings(cfg), load_dataset(cfg.data), DryRunEstimator(1500), run_dir.root).run()
     price = cfg.optimizer.prices["test"]
     return [worst_cost([{"role": "system", "content": run_dir.system_path(o.tag).read_text("utf-8")},
                         {"role": "user", "content": run_dir.user_path(o.tag, 1).read_text("utf-8")}],
@@ -138,10 +139,11 @@ def mlflow_status(launch_dir: Path, run_dir: Path) -> str:
 
 
 def tracked(tmp_path, server, launch_dir, *overrides):
+    """The run's parts, tracked in the launch dir's store."""
     data = write_dataset(tmp_path / "d", n_fail=3, n_succ=0)
-    return make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
+    return config_parts(make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
                        "optimizer.cache=off", ONE_EACH, "reflect.workers=1", *overrides,
-                       f"mlflow.tracking_uri=sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}")
+                       f"mlflow.tracking_uri=sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}"))
 
 
 def test_the_mlflow_run_is_killed_on_ctrl_c(tmp_path, server, launch_dir):
@@ -237,7 +239,7 @@ def test_failed_calls_count_requests_not_attempts(tmp_path, server):
 def test_the_fingerprint_holds_the_draws_sample_index(tmp_path, server):
     cfg = make_config("data.dir=unused", "optimizer.base_url=http://127.0.0.1:9", "optimizer.model=test")
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
-    assert fingerprint(cfg, messages, 0) != fingerprint(cfg, messages, 1)
+    assert fingerprint(shape_of(cfg), messages, 0) != fingerprint(shape_of(cfg), messages, 1)
     data = write_dataset(tmp_path / "d", n_fail=1, n_succ=0)
     draws = ["optimizer.samples=2", "optimizer.temperature=1.0"]
     outcomes = stage_for(tmp_path, server, data, ONE_EACH, *draws).run()

@@ -12,7 +12,7 @@ from reflact.inputs.dataset import load_dataset
 from reflact.prompting.plan import plan_minibatches
 from reflact.running.stage import Stage
 from reflact.testing.optimizer_server import Response, chat_body, default_reply
-from tests.conftest import make_config, write_dataset
+from tests.conftest import make_config, stage_settings, write_dataset
 
 
 def run_stage(tmp_path, server, dataset_dir, *overrides, run_dir=None):
@@ -20,7 +20,8 @@ def run_stage(tmp_path, server, dataset_dir, *overrides, run_dir=None):
     cfg = make_config(f"data.dir={dataset_dir}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
                       "optimizer.retry.initial_wait_s=0.01", "optimizer.cache=off", *overrides)
     dataset = load_dataset(cfg.data)
-    stage = Stage(cfg, dataset, make_client(cfg.optimizer, tmp_path, environ={}), run_dir or tmp_path / "run")
+    client = make_client(cfg.optimizer, tmp_path, environ={})
+    stage = Stage(stage_settings(cfg), dataset, client, run_dir or tmp_path / "run")
     return stage.run()
 
 
@@ -236,6 +237,6 @@ def test_the_client_is_made_on_the_launching_thread_before_a_second_prompt(tmp_p
         made.append((threading.current_thread().name, sorted(p.name for p in (tmp_path / "run" / "calls").iterdir())))
         return make_client(cfg.optimizer, tmp_path, environ={})
 
-    outcomes = Stage(cfg, load_dataset(cfg.data), Deferred(make), tmp_path / "run").run()
+    outcomes = Stage(stage_settings(cfg), load_dataset(cfg.data), Deferred(make), tmp_path / "run").run()
     assert made == [(threading.current_thread().name, ["minibatch_fail_000"])]
     assert [o.status for o in outcomes] == ["done"] * 6 and server.count == 6

@@ -92,7 +92,7 @@ def test_once_a_signal_is_noted_any_exception_is_the_stop():
 def noted_stage(tmp_path, server, data, signals: StopSignal):
     """The stage through the real client, one worker, a minibatch per trajectory, `signals` its own."""
     made = stage_for(tmp_path, server, data, "reflect.minibatch_size=1", "reflect.workers=1")
-    return stage_module.Stage(made.cfg, made.dataset, made.asker.optimizer, made.run_dir.root, signals=signals)
+    return stage_module.Stage(made.settings, made.dataset, made.asker.optimizer, made.run_dir.root, signals=signals)
 
 
 def test_a_noted_signal_stops_every_request_of_the_stage(tmp_path, server):

@@ -237,16 +237,15 @@ def mirror(tmp_path, migrated_store):
     """A Mirror on a real sqlite store whose artifact writes can be made to fail."""
     from reflact.running.rundir import RunDir
     from reflact.tracking.mirror import Mirror
-    from reflact.tracking.process import RunContext
     from reflact.tracking.store import Store
-    from tests.conftest import make_config
+    from tests.conftest import make_config, run_context
 
     store_path = tmp_path / "mlflow.db"
     store_path.write_bytes(migrated_store.read_bytes())
     cfg = make_config(f"data.dir={write_dataset(tmp_path / 'data', 1, 0)}", "mlflow.trace_calls=false")
     run_dir = RunDir(tmp_path / "run")
     run_dir.root.mkdir()
-    context = RunContext(cfg=cfg, params={}, run_dir=run_dir, launch_dir=tmp_path, started_at=time.time())
+    context = run_context(cfg, params={}, run_dir=run_dir, launch_dir=tmp_path, started_at=time.time())
     mirror = Mirror(Store(f"sqlite:///{store_path}", "reflact", tmp_path), context)
     mirror.open()
     return mirror

@@ -20,6 +20,7 @@ from reflact.analysis.embedding import AnalysisUnavailable
 from reflact.analysis.judge import MARKER
 from reflact.analysis.matchers import matcher_for
 from reflact.analysis.vectors import Damaged, reply_rows
+from reflact.config import parts as config_parts
 from reflact.orchestration.experiment import Launch, RunResult, run_experiment
 from reflact.running.ask import Spend
 from reflact.testing.optimizer_server import Response, chat_body, default_reply, embedding_body, judge_reply
@@ -160,7 +161,7 @@ def analysed(tmp_path, server, name: str, *overrides: str) -> RunResult:
     cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
                       "mlflow.enabled=false", "reflect.minibatch_size=4", "optimizer.temperature=1",
                       "optimizer.samples=2", *EMBEDDING, *overrides)
-    return run_experiment(cfg, {}, tmp_path / name, Launch(tmp_path))
+    return run_experiment(config_parts(cfg), {}, tmp_path / name, Launch(tmp_path))
 
 
 def warnings_about(caplog, text: str) -> int:
@@ -197,7 +198,7 @@ def test_a_dimension_that_changes_between_requests_leaves_the_analysis_out_and_n
 
 def embedder_for(tmp_path, server):
     cfg = make_config("data.dir=x", f"optimizer.base_url={server.base_url}", "optimizer.model=test", *EMBEDDING)
-    chosen = matcher_for(cfg, tmp_path, environ={})
+    chosen = matcher_for(cfg.analysis, cfg.optimizer, tmp_path, environ={})
     return chosen, chosen.matcher.embedder
 
 
@@ -207,7 +208,7 @@ def test_an_analysis_may_spend_only_what_the_run_left_of_the_cap(tmp_path, serve
                       *EMBEDDING, "optimizer.max_cost_usd=1", "optimizer.cache=off")
     worst = embedding_worst(["a"])  # $0.02 a million: 9 tokens at most
     for spent, fits in [(1 - worst, True), (1 - worst / 2, False)]:
-        chosen = matcher_for(cfg, tmp_path, spent, environ={})
+        chosen = matcher_for(cfg.analysis, cfg.optimizer, tmp_path, spent, environ={})
         with closing(chosen):
             if fits:
                 assert chosen.matcher.embedder.vectors(["a"]).shape == (1, 8)

@@ -19,6 +19,7 @@ from reflact.calls import client as client_module
 from reflact.calls.cache import ResponseCache
 from reflact.calls.completion import MalformedReply, read_completion
 from reflact.config import CacheMode
+from reflact.config import parts as config_parts
 from reflact.core.files import repair_text, write_json, write_text
 from reflact.core.modes import get_mode
 from reflact.inputs.importers import import_runs
@@ -220,7 +221,7 @@ def test_a_key_quoted_back_in_a_reply_is_in_no_file_of_the_run(tmp_path, server,
                       f"optimizer.cache_path={launch_dir / 'outputs' / 'cache.db'}",
                       f"mlflow.tracking_uri=sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}")
     monkeypatch.setenv("AZURE_OPENAI_API_KEY" if provider == "azure" else "OPENAI_API_KEY", KEY)
-    result = run_experiment(cfg, {}, tmp_path / "run", Launch(launch_dir))
+    result = run_experiment(config_parts(cfg), {}, tmp_path / "run", Launch(launch_dir))
     assert result.summary["counts"]["minibatches_done"] == 2 and server.count == 2
     assert (tmp_path / "run" / "report.md").is_file()
     written = [p for folder in (tmp_path / "run", launch_dir) for p in folder.rglob("*") if p.is_file()]
@@ -249,7 +250,7 @@ def test_absurd_usage_is_recorded_as_at_most_what_the_request_could_cost(tmp_pat
     for outcome in outcomes:
         messages = [{"role": "system", "content": stage.run_dir.system_path(outcome.tag).read_text("utf-8")},
                     {"role": "user", "content": stage.run_dir.user_path(outcome.tag, 1).read_text("utf-8")}]
-        worst = worst_cost(messages, stage.cfg.optimizer.max_output_tokens, stage.asker.price)
+        worst = worst_cost(messages, stage.settings.optimizer.max_output_tokens, stage.asker.price)
         assert 0 < outcome.spent_usd == outcome.cost_usd == pytest.approx(worst)
     assert stage.asker.spend.spent <= 1.0
     assert sum("more than the request could cost" in r.getMessage() for r in caplog.records) == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from reflact.config import parts as config_parts
 from reflact.orchestration.experiment import Launch, run_experiment
 from reflact.running.rundir import RunDir
 from reflact.testing.optimizer_server import Response, chat_body
@@ -55,7 +56,7 @@ def test_preview_and_report_show_what_each_edit_would_do(tmp_path, server):
     server.script = lambda r, n: Response(body=chat_body(json.dumps(reply)))
     cfg = make_config(f"data.dir={data}", f"optimizer.base_url={server.base_url}", "optimizer.model=test",
                       "optimizer.cache=off", "mlflow.enabled=false")
-    summary = run_experiment(cfg, {}, tmp_path / "run", Launch(tmp_path)).summary
+    summary = run_experiment(config_parts(cfg), {}, tmp_path / "run", Launch(tmp_path)).summary
     run = tmp_path / "run"
     candidate = (run / "preview" / "minibatch_fail_000.skill.md").read_text()
     assert "Look up the order first." in candidate and "Re-read the refund amount" in candidate

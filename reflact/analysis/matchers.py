@@ -11,7 +11,7 @@ from pathlib import Path
 from reflact.analysis.embedding import Embedder, EmbeddingMatcher, Spent
 from reflact.analysis.guards import NAMES
 from reflact.analysis.matching import Lexical
-from reflact.config import CacheMode, Matcher, ReflactConfig
+from reflact.config import AnalysisConfig, CacheMode, Matcher, OptimizerConfig
 from reflact.core.errors import UserError
 from reflact.core.imports import one_at_a_time
 from reflact.core.launch import LaunchDir
@@ -41,7 +41,8 @@ class Chosen:
 
 
 def matcher_for(
-    cfg: ReflactConfig,
+    a: AnalysisConfig,
+    o: OptimizerConfig,
     launch_dir: Path,
     spent_usd: float | None = 0.0,
     raw_dir: Path | None = None,
@@ -49,50 +50,54 @@ def matcher_for(
     environ: Mapping[str, str] | None = None,
 ) -> Chosen:
     """The configured matcher; `spent_usd`: what the invocation already spent against the cap;
-    `threshold` (the --threshold of reflact.analyze) replaces the matcher's own."""
-    a = cfg.analysis
+    `threshold` (the --threshold of reflact.analyze) replaces the matcher's own; `o`: the endpoint,
+    cache, prices and cap the calls share with the stage."""
     if a.matcher is Matcher.lexical:
         return Chosen(Lexical(a.match_threshold if threshold is None else threshold))
     from reflact.running.ask import Spend
 
     # spent_usd is None for an unpriced model, which has no cap (config.validate)
-    spend = Spend(cfg.optimizer.max_cost_usd, spent=spent_usd or 0.0)
-    embedder, closers = _embedder(cfg, launch_dir, spend, environ)
+    spend = Spend(o.max_cost_usd, spent=spent_usd or 0.0)
+    embedder, closers = _embedder(a, o, launch_dir, spend, environ)
     chosen = Chosen(None, {"embedding": embedder.spent}, closers)
     guards = tuple(name for name in NAMES if name in a.guards)
     if a.matcher is Matcher.embedding:
         chosen.matcher = EmbeddingMatcher(embedder, a.embedding.threshold if threshold is None else threshold, guards)
         return chosen
     candidates = EmbeddingMatcher(embedder, a.judge.candidate_threshold if threshold is None else threshold, guards)
-    _add_judge(chosen, candidates, cfg, launch_dir, spend, raw_dir, environ)
+    _add_judge(chosen, candidates, a, o, launch_dir, spend, raw_dir, environ)
     return chosen
 
 
-def _add_judge(chosen: Chosen, candidates, cfg: ReflactConfig, launch_dir: Path, spend, raw_dir, environ) -> None:
+def _add_judge(
+    chosen: Chosen, candidates, a: AnalysisConfig, o: OptimizerConfig, launch_dir: Path, spend, raw_dir, environ
+) -> None:
     """The judge matcher: the optimizer model decides on the embedding matcher's candidate pairs."""
     from reflact.analysis.judge import JudgeMatcher
     from reflact.calls.client import make_client
 
-    client = make_client(cfg.optimizer, launch_dir, environ)
+    client = make_client(o, launch_dir, environ)
     chosen.closers.append(client.close)
     chosen.spent["judge"] = Spent()
-    j = cfg.analysis.judge
-    price = cfg.optimizer.prices.get(cfg.optimizer.model)
+    j = a.judge
+    price = o.prices.get(o.model)
     chosen.matcher = JudgeMatcher(
         candidates, client, price, spend, j.batch, j.max_output_tokens, raw_dir, chosen.spent["judge"]
     )
 
 
-def _embedder(cfg: ReflactConfig, launch_dir: Path, spend, environ: Mapping[str, str] | None) -> tuple[Embedder, list]:
+def _embedder(
+    a: AnalysisConfig, o: OptimizerConfig, launch_dir: Path, spend, environ: Mapping[str, str] | None
+) -> tuple[Embedder, list]:
     from reflact.calls.cache import ResponseCache
 
-    e, o = cfg.analysis.embedding, cfg.optimizer
+    e = a.embedding
     environ = os.environ if environ is None else environ
     base_url, key_env = e.base_url or o.base_url, e.api_key_env or o.api_key_env
     key = environ.get(key_env, "")
     if not key and not base_url:
         raise UserError(
-            f"analysis.matcher={cfg.analysis.matcher.value}: no key for the embeddings: set the "
+            f"analysis.matcher={a.matcher.value}: no key for the embeddings: set the "
             f"environment variable {key_env}, or analysis.embedding.base_url for a local server"
         )
     with one_at_a_time():

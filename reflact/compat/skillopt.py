@@ -40,7 +40,7 @@ from pathlib import Path
 
 from reflact.compat import skillopt_settings
 from reflact.compat.skillopt_patches import Shape, as_skillopt, as_text
-from reflact.config import AppendixSource, ReflactConfig
+from reflact.config import AppendixSource, ReflactConfig, SkillAwareConfig
 from reflact.core.errors import UserError
 from reflact.core.files import write_text
 from reflact.core.imports import one_at_a_time
@@ -82,7 +82,7 @@ def run_minibatch_reflect(
     r.seed = r.seed if random_seed is None else random_seed  # None: reflact still shuffles, with its own seed
     r.update_mode, r.meta_skill = update_mode or "patch", meta_skill_context or ""
     r.step_buffer = step_buffer(step_buffer_context, rejection_context, trajectory_memory_context)
-    _skill_aware(cfg, skill_aware_reflection, skill_aware_appendix_source, read_skillopt=config is None)
+    _skill_aware(r.skill_aware, skill_aware_reflection, skill_aware_appendix_source, read_skillopt=config is None)
     cfg.prompts.error, cfg.prompts.success = error_system, success_system
     done = _reflect(results, skill_content, prediction_dir, cfg, run_dir)
     _count_calls(done)
@@ -174,7 +174,9 @@ def _config(config: ReflactConfig | None, overrides: Sequence[str]) -> ReflactCo
     return with_overrides(cfg, overrides)
 
 
-def _skill_aware(cfg: ReflactConfig, enabled: bool | None, appendix_source: str | None, read_skillopt: bool) -> None:
+def _skill_aware(
+    aware: SkillAwareConfig, enabled: bool | None, appendix_source: str | None, read_skillopt: bool
+) -> None:
     """What the caller passed; None reads SkillOpt's process-wide switch, as its reflect does
     (with a reflact config given: that config's setting)."""
     published = skillopt_settings.skill_aware() if read_skillopt else None
@@ -183,9 +185,9 @@ def _skill_aware(cfg: ReflactConfig, enabled: bool | None, appendix_source: str 
     if appendix_source is None and published is not None:
         appendix_source = published[1]
     if enabled is not None:
-        cfg.reflect.skill_aware.enabled = enabled
+        aware.enabled = enabled
     if appendix_source is not None:
-        cfg.reflect.skill_aware.appendix_source = _appendix_source(appendix_source)
+        aware.appendix_source = _appendix_source(appendix_source)
 
 
 def _appendix_source(value: object) -> AppendixSource:

@@ -16,8 +16,9 @@ from reflact.config.compose import (
     typed,
 )
 from reflact.config.params import PARAM_MAX_CHARS, param_text, params
+from reflact.config.parts import REUSED, SHAPING, THROUGH_MESSAGES, Parts, Shape, decided, parts, shape
 from reflact.config.paths import dataset_paths
-from reflact.config.prices import _price, how_to_price, priced
+from reflact.config.prices import _price, how_to_price, model_priced, priced
 from reflact.config.schema import (
     HALF_PRICE_TIERS,
     TIERS,
@@ -50,6 +51,15 @@ from reflact.config.schema import (
 from reflact.config.unchanging import LAUNCH, UNCHANGING, unchanging, unchanging_overrides
 
 __all__ = [
+    "REUSED",
+    "SHAPING",
+    "THROUGH_MESSAGES",
+    "Parts",
+    "Shape",
+    "decided",
+    "parts",
+    "shape",
+    "model_priced",
     "ADDED_GROUPS",
     "HALF_PRICE_TIERS",
     "LAUNCH",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from reflact.config.schema import TIERS, Price, ReflactConfig
+from reflact.config.schema import TIERS, OptimizerConfig, Price, ReflactConfig
 from reflact.core.errors import UserError
 
 
@@ -53,3 +53,8 @@ def _price(model: str, value: Any, tier: str = "") -> Price:
         ) from None
     tier_prices = {name: _price(model, own, name) for name, own in tiers.items()}
     return Price(input=amounts[0], cached_input=amounts[1], output=amounts[2], tiers=tier_prices)
+
+
+def model_priced(o: OptimizerConfig) -> bool:
+    """Whether the model has a price: without one every cost is unknown (None), never $0."""
+    return o.model in o.prices

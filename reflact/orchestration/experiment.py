@@ -18,15 +18,15 @@ from reflact.analysis.figures import warm as analysis_warm
 from reflact.analysis.matchers import matcher_for
 from reflact.calls.deferred import Deferred, api_key
 from reflact.calls.protocol import CHARS_PER_TOKEN, DRY_RUN_REPLY_TOKENS, DryRunEstimator, Optimizer
-from reflact.config import Execution, ReflactConfig, how_to_price, priced
+from reflact.config import AnalysisConfig, Execution, OptimizerConfig, Parts, how_to_price, model_priced
 from reflact.core.errors import Stopped, StopSignal
 from reflact.core.imports import one_at_a_time
-from reflact.core.modes import get_mode
+from reflact.core.modes import Mode, get_mode
 from reflact.inputs.dataset import Dataset
 from reflact.inputs.source import load_input
 from reflact.running.events import BatchNoted, Replied
 from reflact.running.rundir import RunDir, SweepDir, locked
-from reflact.running.stage import Stage
+from reflact.running.stage import Stage, StageSettings
 from reflact.running.summary import run_status, summarize, usd
 from reflact.tracking.live import LiveRun
 from reflact.tracking.nesting import check_parent
@@ -65,16 +65,21 @@ class RunResult:
     analysis: dict | None = None  # agreement, redundancy, distinct items (reflact.analysis.figures)
 
 
-def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, launch: Launch) -> RunResult:
+def run_experiment(parts: Parts, params: dict[str, str], run_dir: Path, launch: Launch) -> RunResult:
     """Everything that can be wrong with the inputs is found before the first call, and before
-    `record_config` writes the run's config beside its outputs (a bad rerun changes nothing)."""
+    `record_config` writes the run's config beside its outputs (a bad rerun changes nothing).
+    `parts`: the checked config's sections (config.parts), `params`: its record (config.params)."""
     started_at = time.time()
-    dataset = load_input(cfg, launch.launch_dir)
+    dataset = load_input(parts.data, parts.mlflow, parts.reflect, launch.launch_dir)
     if launch.sweep_dir is None:  # a sweep's jobs are children of its parent run, checked as it opened
-        check_parent(cfg, tracking_uri(cfg, launch.launch_dir))
-    batching = batching_for(cfg, dataset, run_dir, launch) if cfg.optimizer.execution is Execution.batch else None
-    optimizer = make_optimizer(cfg, launch.launch_dir, dataset.skill, gate=batching.gate if batching else None)
-    stage = Stage(cfg, dataset, optimizer, run_dir, signals=launch.signals)
+        check_parent(parts.mlflow, tracking_uri(parts.mlflow, launch.launch_dir))
+    settings = StageSettings(parts.reflect, parts.prompts, parts.optimizer)
+    batching = (
+        batching_for(settings, dataset, run_dir, launch) if parts.optimizer.execution is Execution.batch else None
+    )
+    mode, gate = get_mode(parts.reflect.update_mode), batching.gate if batching else None
+    optimizer = make_optimizer(parts.optimizer, mode, launch.launch_dir, dataset.skill, gate=gate)
+    stage = Stage(settings, dataset, optimizer, run_dir, signals=launch.signals)
     if batching is not None:  # over the cap, a request over the file limit: one line, nothing written
         batching.check()
     with locked(stage.run_dir), _closed(batching):
@@ -82,12 +87,12 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
             launch.record_config()
         if batching is not None:  # no Batch API: one line naming export, nothing uploaded, no MLflow run
             batching.first()
-        tracker = _tracker(cfg, params, stage, launch, started_at) if cfg.mlflow.enabled else None
+        tracker = _tracker(parts, params, stage, launch, started_at) if parts.mlflow.enabled else None
         try:
             stop = batching.finish(lambda notes, step: stage.publish(BatchNoted(notes, step))) if batching else None
             if stop is not None:
                 return _left_to_run(stop, stage, optimizer, tracker)
-            return _run(cfg, stage, optimizer, tracker, started_at, launch.launch_dir)
+            return _run(parts.analysis, stage, optimizer, tracker, started_at, launch.launch_dir)
         except BaseException as exc:
             stopped = stage.signals.stop_of(exc)
             if stopped is None:  # a full disk, a bug: the MLflow run must not stay RUNNING
@@ -102,7 +107,7 @@ def run_experiment(cfg: ReflactConfig, params: dict[str, str], run_dir: Path, la
             ) from None
 
 
-def batching_for(cfg: ReflactConfig, dataset: Dataset, run_dir: Path, launch: Launch) -> Batching:
+def batching_for(settings: StageSettings, dataset: Dataset, run_dir: Path, launch: Launch) -> Batching:
     """The run's batch (reflact.running.batch), its state in the run dir; a sweep's job also knows
     what its sweep's batch could not answer."""
     with one_at_a_time():  # the SDK comes with them
@@ -111,7 +116,7 @@ def batching_for(cfg: ReflactConfig, dataset: Dataset, run_dir: Path, launch: La
         from reflact.running.batch_state import load_state
 
     go_on = launch.go_on or f"reflact.reflect(..., run_dir={str(run_dir)!r})"
-    unit = Unit(cfg, dataset, Path(run_dir))
+    unit = Unit(settings, dataset, Path(run_dir))
     batching = Batching(RunDir(run_dir).batch_files(), [unit], RunDir(run_dir).root.name, launch.launch_dir, go_on)
     swept = load_state(SweepDir(launch.sweep_dir).batch_files()) if launch.sweep_dir is not None else None
     if swept is not None:
@@ -138,10 +143,14 @@ def _left_to_run(stop: Stop, stage: Stage, optimizer: Optimizer, tracker: LiveRu
     return RunResult(stage.run_dir.root, {}, {}, "SCHEDULED", stop.message if stop.fault else "", run_id)
 
 
-def _tracker(cfg: ReflactConfig, params: dict[str, str], stage: Stage, launch: Launch, started_at: float) -> LiveRun:
+def _tracker(parts: Parts, params: dict[str, str], stage: Stage, launch: Launch, started_at: float) -> LiveRun:
     """The run's live MLflow view, watching the stage's events."""
     context = RunContext(
-        cfg=cfg,
+        data=parts.data,
+        reflect=parts.reflect,
+        prompts=parts.prompts,
+        optimizer=parts.optimizer,
+        mlflow=parts.mlflow,
         params=params,
         run_dir=stage.run_dir,
         launch_dir=launch.launch_dir,
@@ -158,11 +167,11 @@ def _tracker(cfg: ReflactConfig, params: dict[str, str], stage: Stage, launch: L
 
 
 def _run(
-    cfg: ReflactConfig, stage: Stage, optimizer, tracker: LiveRun | None, started_at: float, launch_dir: Path
+    a: AnalysisConfig, stage: Stage, optimizer, tracker: LiveRun | None, started_at: float, launch_dir: Path
 ) -> RunResult:
     """The stage, then the run's summary and report, its status, and the end of its MLflow run."""
-    dataset = stage.dataset
-    warn_unpriced(cfg)
+    dataset, r, o = stage.dataset, stage.settings.reflect, stage.settings.optimizer
+    warn_unpriced(o)
     if dataset.skipped:
         log.info(
             "skipping %d run(s) without a usable conversation: %s",
@@ -171,7 +180,7 @@ def _run(
         )
     # the analysis at the end imports numpy, scipy and rapidfuzz (~0.25 s): load them while the
     # process waits for later replies (a dry run keeps no items to analyse)
-    if not cfg.optimizer.dry_run and cfg.analysis.max_items:
+    if not o.dry_run and a.max_items:
         stage.observe(WarmUp())
     try:
         outcomes = stage.run()
@@ -179,18 +188,18 @@ def _run(
         optimizer.close()
     hashes = stage.system.hashes()
     summary, kept = summarize(
-        stage.run_dir, cfg, dataset, stage.mode, outcomes, stage.patches, hashes, started_at, time.time
+        stage.run_dir, r, o, dataset, stage.mode, outcomes, stage.patches, hashes, started_at, time.time
     )
     stage.signals.check()  # the analysis may call too; a run stopped is KILLED, never FINISHED
-    analysis = _analysis(cfg, stage, summary, run_from(stage.run_dir.root, summary, kept), launch_dir)
+    analysis = _analysis(a, o, stage, summary, run_from(stage.run_dir.root, summary, kept), launch_dir)
     stage.signals.check()
-    status, reason = run_status(summary["counts"], cfg, outcomes, stage.run_dir.root, optimizer.fault)
+    status, reason = run_status(summary["counts"], r, o, outcomes, stage.run_dir.root, optimizer.fault)
     run_id = tracker.finish(summary, status) if tracker is not None else None
     if optimizer.fault and status == "FAILED":  # the reason says it all, in one line
         return RunResult(stage.run_dir.root, summary, stage.patches, status, reason, run_id, analysis)
     if optimizer.fault:
         log.warning("%s", optimizer.fault)
-    report_end(cfg, summary, stage.mode.label, stage.run_dir)
+    report_end(o, summary, stage.mode.label, stage.run_dir)
     report_analysis(analysis)
     return RunResult(stage.run_dir.root, summary, stage.patches, status, reason, run_id, analysis)
 
@@ -213,22 +222,22 @@ class WarmUp:
         threading.Thread(target=analysis_warm, name="reflact-warm", daemon=True).start()
 
 
-def _analysis(cfg: ReflactConfig, stage: Stage, summary: dict, run: Run, launch_dir: Path) -> dict:
+def _analysis(a: AnalysisConfig, o: OptimizerConfig, stage: Stage, summary: dict, run: Run, launch_dir: Path) -> dict:
     """The run's analysis.json by the configured matcher; its calls are capped by what the stage left."""
-    if cfg.optimizer.dry_run:  # nothing kept, nothing to embed: no endpoint is asked
-        return analyse_run_dir(stage.run_dir, cfg.analysis.match_threshold, cfg.analysis.max_items, run)
-    chosen = matcher_for(cfg, launch_dir, summary["counts"]["spent_usd"], stage.run_dir.calls / "analysis_judge")
+    if o.dry_run:  # nothing kept, nothing to embed: no endpoint is asked
+        return analyse_run_dir(stage.run_dir, a.match_threshold, a.max_items, run)
+    chosen = matcher_for(a, o, launch_dir, summary["counts"]["spent_usd"], stage.run_dir.calls / "analysis_judge")
     try:
-        return analyse_run_dir(stage.run_dir, chosen, cfg.analysis.max_items, run)
+        return analyse_run_dir(stage.run_dir, chosen, a.max_items, run)
     finally:
         chosen.close()
 
 
-def warn_unpriced(cfg: ReflactConfig) -> None:
+def warn_unpriced(o: OptimizerConfig) -> None:
     """Once per run: a model without a price has an unknown cost, shown so, never as $0."""
-    if priced(cfg):
+    if model_priced(o):
         return
-    model = cfg.optimizer.model
+    model = o.model
     log.warning(
         "optimizer.model %r has no price in optimizer.prices, so its cost is unknown (and no cost cap "
         "can hold); %s (USD per million tokens)",
@@ -237,14 +246,14 @@ def warn_unpriced(cfg: ReflactConfig) -> None:
     )
 
 
-def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: RunDir) -> None:
+def report_end(o: OptimizerConfig, summary: dict, label: str, run_dir: RunDir) -> None:
     """The run's last lines: what it did, and what needs a rerun."""
     c = summary["counts"]
-    log.info("%s", _last_line(cfg, c, label, run_dir))
+    log.info("%s", _last_line(o, c, label, run_dir))
     if c["minibatches_not_run"]:
         log.warning(
             "the cost limit optimizer.max_cost_usd=%s was reached: %d minibatch(es) not run",
-            cfg.optimizer.max_cost_usd,
+            o.max_cost_usd,
             c["minibatches_not_run"],
         )
     if c["minibatches_failed"]:
@@ -253,11 +262,11 @@ def report_end(cfg: ReflactConfig, summary: dict, label: str, run_dir: RunDir) -
         )
 
 
-def _last_line(cfg: ReflactConfig, c: dict, label: str, run_dir: RunDir) -> str:
-    if cfg.optimizer.dry_run:
+def _last_line(o: OptimizerConfig, c: dict, label: str, run_dir: RunDir) -> str:
+    if o.dry_run:
         return (
             f"dry run: {c['minibatches_dry_run']} prompts built, ~{c['tokens_prompt']} prompt and "
-            f"~{c['tokens_completion']} reply tokens, estimated {usd(c['cost_usd'])} for {cfg.optimizer.model}; "
+            f"~{c['tokens_completion']} reply tokens, estimated {usd(c['cost_usd'])} for {o.model}; "
             f"prompts in {run_dir.calls}"
         )
     return (
@@ -307,19 +316,23 @@ def report_analysis(analysis: dict) -> None:
 
 
 def make_optimizer(
-    cfg: ReflactConfig, launch_dir: Path, skill: str, environ: dict | None = None, gate: Callable | None = None
+    o: OptimizerConfig,
+    mode: Mode,
+    launch_dir: Path,
+    skill: str,
+    environ: dict | None = None,
+    gate: Callable | None = None,
 ) -> Optimizer:
     """The run's optimizer: the dry-run estimator, or the client built from `optimizer.*` (`gate`:
     batch execution's rule for what the cache does not answer, reflact.calls.client)."""
-    if cfg.optimizer.dry_run:
-        full_rewrite = get_mode(cfg.reflect.update_mode).full_rewrite
-        tier = cfg.optimizer.service_tier.value if cfg.optimizer.service_tier.value != "auto" else ""
-        return DryRunEstimator(DRY_RUN_REPLY_TOKENS + (len(skill) // CHARS_PER_TOKEN if full_rewrite else 0), tier)
-    api_key(cfg.optimizer, os.environ if environ is None else environ)  # a missing key stops the run here
+    if o.dry_run:
+        tier = o.service_tier.value if o.service_tier.value != "auto" else ""
+        return DryRunEstimator(DRY_RUN_REPLY_TOKENS + (len(skill) // CHARS_PER_TOKEN if mode.full_rewrite else 0), tier)
+    api_key(o, os.environ if environ is None else environ)  # a missing key stops the run here
 
     def make() -> Optimizer:
         from reflact.calls.client import make_client
 
-        return make_client(cfg.optimizer, launch_dir, environ, gate)
+        return make_client(o, launch_dir, environ, gate)
 
     return Deferred(make)

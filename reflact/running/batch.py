@@ -67,7 +67,7 @@ class Batching:
 
     def __init__(self, files: BatchFiles, units: list[Unit], name: str, launch_dir: Path, go_on: str) -> None:
         self.units, self.name, self.go_on = units, name, go_on
-        self.o: OptimizerConfig = units[0].cfg.optimizer
+        self.o: OptimizerConfig = units[0].settings.optimizer
         self.launch_dir = launch_dir
         self._clients: dict[str, OptimizerClient] = {}
         self._api: BatchApi | None = None
@@ -143,7 +143,7 @@ class Batching:
         """(the requests to send next, within the cap; their input files' lines)."""
         found: dict[str, Request] = {}
         for unit in self.units:
-            look_ahead(unit, Collector(self._client(unit.cfg.optimizer), found))
+            look_ahead(unit, Collector(self._client(unit.settings.optimizer), found))
         new = within_cap(self.state, self._sendable(found), self.o.max_cost_usd, first)
         return new, split_lines(new, self.o.batch_max_requests, int(self.o.batch_max_mb * 1_000_000))
 

@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING
 
 from reflact.calls.cache import cached_reply
 from reflact.calls.protocol import CallError, Optimizer, Reply
-from reflact.config import ReflactConfig
 from reflact.inputs.dataset import Dataset
 from reflact.prompting.plan import plan_minibatches, with_draws
 from reflact.running.ask import Spend, worst_cost
-from reflact.running.stage import Ready, Stage
+from reflact.running.stage import Ready, Stage, StageSettings
 
 if TYPE_CHECKING:  # the client comes with the OpenAI SDK: a look ahead is given one
     from reflact.calls.client import OptimizerClient
@@ -34,7 +33,7 @@ WAITING = "waiting for a batch"
 class Unit:
     """A run whose requests a batch answers: a single run, or one job of a sweep."""
 
-    cfg: ReflactConfig
+    settings: StageSettings  # the run's (or job's) own
     dataset: Dataset
     run_dir: Path
 
@@ -88,11 +87,11 @@ class Collector(Optimizer):
 
 def look_ahead(unit: Unit, collector: Collector) -> None:
     """Notes in `collector` every request the run would make next."""
-    stage = Stage(unit.cfg, unit.dataset, collector, unit.run_dir, observers=[])
+    stage = Stage(unit.settings, unit.dataset, collector, unit.run_dir, observers=[])
     # the batch as a whole is held to optimizer.max_cost_usd before anything is uploaded (reflact.running.batch)
     stage.asker = replace(stage.asker, spend=Spend(None))
-    o = unit.cfg.optimizer
-    for mb in with_draws(plan_minibatches(unit.dataset.results, unit.cfg.reflect), o.samples):
+    o = unit.settings.optimizer
+    for mb in with_draws(plan_minibatches(unit.dataset.results, unit.settings.reflect), o.samples):
         ready = stage.prepare(mb, write=False)
         if not isinstance(ready, Ready):
             continue

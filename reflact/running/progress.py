@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from reflact.config import ReflactConfig, priced
+from reflact.config import OptimizerConfig, ReflectConfig, model_priced
 from reflact.core.groups import FAILURE
 from reflact.core.modes import Mode
 from reflact.running.events import CallStarted, EndpointFailed, MinibatchEnded, Planned, Replied
@@ -19,12 +19,12 @@ log = logging.getLogger("reflact")
 
 
 class Progress:
-    def __init__(self, cfg: ReflactConfig, mode: Mode) -> None:
-        self.cfg = cfg
+    def __init__(self, reflect: ReflectConfig, optimizer: OptimizerConfig, mode: Mode) -> None:
+        self.reflect, self.optimizer = reflect, optimizer
         self.mode = mode
         self.total = self.ended = self.failed = self.in_flight = self.tokens = 0
         self.spent = 0.0
-        self.priced = priced(cfg)
+        self.priced = model_priced(optimizer)
         # the endpoint is unusable: its minibatches' lines would all say so; the run's end line does, once
         self.muted = False
         self._lock = threading.Lock()
@@ -46,7 +46,7 @@ class Progress:
                     self._line(event.outcome)
 
     def _planned(self, event: Planned) -> None:
-        r, k = self.cfg.reflect, self.cfg.optimizer.samples
+        r, k = self.reflect, self.optimizer.samples
         self.total = len(event.plan)
         n_fail = sum(1 for mb in event.plan if mb.group == FAILURE.name and not mb.draw)
         draws = f" x {k} draws" if k > 1 else ""
@@ -60,7 +60,7 @@ class Progress:
             r.edit_budget,
             self.mode.name,
             r.workers,
-            " (dry run: no calls)" if self.cfg.optimizer.dry_run else "",
+            " (dry run: no calls)" if self.optimizer.dry_run else "",
         )
 
     def _replied(self, event: Replied) -> None:

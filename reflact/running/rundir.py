@@ -35,7 +35,7 @@ from typing import TypeGuard
 
 from reflact.calls.cache import cache_key
 from reflact.calls.protocol import Reply, Usage
-from reflact.config import ReflactConfig
+from reflact.config import Shape
 from reflact.core.errors import UserError
 from reflact.core.files import atomic_writer, lock_file, read_json, repair_text, write_json, write_text
 from reflact.core.text import shown
@@ -459,26 +459,26 @@ def _outcome_ok(saved: object) -> TypeGuard[dict]:
     )
 
 
-def fingerprint(cfg: ReflactConfig, messages: list[dict], draw: int = 0, selection: str = "") -> str:
+def fingerprint(s: Shape, messages: list[dict], draw: int = 0, selection: str = "") -> str:
     """What a saved patch must have been made from to be reused: everything that shapes the call,
     i.e. the model, mode, L, decoding settings, the draw's sample index (and the seed sent with it
     when there are several draws), and both messages (which hold the templates, the skill, the
     contexts and the trajectories), and for traces read from MLflow the digest of the whole
-    selection (`selection`: ids, label values, span content), so changed feedback redoes them."""
-    o = cfg.optimizer
+    selection (`selection`: ids, label values, span content), so changed feedback redoes them.
+    `s`: config.shape, made from the keys config.SHAPING names."""
     shape = {
-        "model": o.model,
-        "mode": cfg.reflect.update_mode,
-        "budget": cfg.reflect.edit_budget,
-        "temperature": o.temperature,
-        "reasoning_effort": o.reasoning_effort,
-        "sample": o.sample + draw,
+        "model": s.model,
+        "mode": s.mode,
+        "budget": s.budget,
+        "temperature": s.temperature,
+        "reasoning_effort": s.reasoning_effort,
+        "sample": s.sample + draw,
         "messages": messages,
     }
     if selection:  # only then: a dataset folder's fingerprints stay what they were
         shape["selection"] = selection
-    if o.samples > 1:  # only then is a seed sent: a single draw's fingerprint stays what it was
-        shape["seed"] = o.sample + draw
+    if s.samples > 1:  # only then is a seed sent: a single draw's fingerprint stays what it was
+        shape["seed"] = s.sample + draw
     return cache_key(shape)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reflact.calls.protocol import Optimizer, output_allowance
-from reflact.config import ReflactConfig
+from reflact.config import OptimizerConfig, PromptsConfig, ReflectConfig, shape
 from reflact.core.errors import StopSignal
 from reflact.core.groups import GROUPS
 from reflact.core.modes import Mode, get_mode, reply_schema
@@ -73,42 +73,53 @@ class Ready:
     fingerprint: str
 
 
+@dataclass(frozen=True)
+class StageSettings:
+    """The sections the stage reads: what a minibatch is and its reply may hold (reflect), the
+    templates (prompts), the call's shape, room and cap (optimizer)."""
+
+    reflect: ReflectConfig
+    prompts: PromptsConfig
+    optimizer: OptimizerConfig
+
+
 class Stage:
     """One run of the reflect stage over a dataset, writing into `run_dir`."""
 
     def __init__(
         self,
-        cfg: ReflactConfig,
+        settings: StageSettings,
         dataset: Dataset,
         optimizer: Optimizer,
         run_dir: Path,
         observers: list[Observer] | None = None,
         signals: StopSignal | None = None,
     ) -> None:
-        self.cfg = cfg
+        self.settings = settings
+        r, o = settings.reflect, settings.optimizer
+        self.shape = shape(r, o)  # what each fingerprint holds besides the messages
         self.signals = signals if signals is not None else StopSignal()  # Ctrl-C and SIGTERM, noted
         self.dataset = dataset
         self.run_dir = RunDir(run_dir)
-        self.mode: Mode = get_mode(cfg.reflect.update_mode)
+        self.mode: Mode = get_mode(r.update_mode)
         # resolved before any call, so a bad override path stops the run with nothing spent
-        self.system: SystemPrompts = resolve_system_prompts(overrides_of(cfg.prompts), self.mode, cfg.reflect)
+        self.system: SystemPrompts = resolve_system_prompts(overrides_of(settings.prompts), self.mode, r)
         step_buffer, meta_skill = (
-            text_or_file(getattr(cfg.reflect, key), f"reflect.{key}") or "" for key in ("step_buffer", "meta_skill")
+            text_or_file(getattr(r, key), f"reflect.{key}") or "" for key in ("step_buffer", "meta_skill")
         )
-        o = cfg.optimizer
         self.prompts = PromptBuilder(
             dataset=dataset,
             mode=self.mode,
             system=self.system,
-            budget=cfg.reflect.edit_budget,
+            budget=r.edit_budget,
             window=o.context_window,
             overflow=o.context_overflow,
             allowance=output_allowance(o, self.mode),
             step_buffer=step_buffer,
             meta_skill=meta_skill,
         )
-        self.publish = Publisher(observers if observers is not None else [Progress(cfg, self.mode)])
-        self.asker = make_asker(cfg, self.mode, self.system, optimizer, self.publish, self.signals.stopping())
+        self.publish = Publisher(observers if observers is not None else [Progress(r, o, self.mode)])
+        self.asker = make_asker(r, o, self.mode, self.system, optimizer, self.publish, self.signals.stopping())
         self._built: tuple[tuple[str, int], Prompt] | None = None  # the last minibatch's prompt, for its draws
         self.patches: dict[str, dict] = {}  # after run(): every minibatch's patch as saved, in plan order
 
@@ -117,11 +128,11 @@ class Stage:
 
     def run(self) -> list[Outcome]:
         """Every minibatch's outcome, failures by index then successes, whatever order they ended in."""
-        plan = with_draws(plan_minibatches(self.dataset.results, self.cfg.reflect), self.draws())
+        plan = with_draws(plan_minibatches(self.dataset.results, self.settings.reflect), self.draws())
         self.publish(Planned(plan))
         self.run_dir.clean()
-        settled = Settled(self.publish, 2 * self.cfg.reflect.workers)
-        with ThreadPoolExecutor(max_workers=self.cfg.reflect.workers, thread_name_prefix="reflact-worker") as pool:
+        settled = Settled(self.publish, 2 * self.settings.reflect.workers)
+        with ThreadPoolExecutor(max_workers=self.settings.reflect.workers, thread_name_prefix="reflact-worker") as pool:
             try:
                 futures: list[Future] = []
                 for mb in plan:
@@ -149,7 +160,7 @@ class Stage:
 
     def draws(self) -> int:
         """optimizer.samples; several draws of one prompt only differ when the model samples."""
-        o = self.cfg.optimizer
+        o = self.settings.optimizer
         if o.samples > 1 and not o.temperature:
             log.warning(
                 "optimizer.samples=%d with optimizer.temperature %s: a deterministic model gives every "
@@ -178,7 +189,7 @@ class Stage:
             return outcome, None
         prompt = self._prompt(mb, shown)
         outcome.parts, outcome.shortened = len(prompt.parts), prompt.shortened
-        fp = fingerprint(self.cfg, prompt.messages, mb.draw, self.dataset.selection)
+        fp = fingerprint(self.shape, prompt.messages, mb.draw, self.dataset.selection)
         saved = reused(self.run_dir, outcome, fp, self.mode.payload_key)
         if saved is not None:
             return outcome, saved
@@ -198,7 +209,7 @@ class Stage:
     def execute(self, ready: Ready) -> tuple[Outcome, dict | None]:
         """The conversation(s) of a prepared minibatch, then its record and patch."""
         outcome, tally, asked = ready.outcome, Tally(), []
-        sample = self.cfg.optimizer.sample + ready.mb.draw if self.cfg.optimizer.samples > 1 else None
+        sample = self.settings.optimizer.sample + ready.mb.draw if self.settings.optimizer.samples > 1 else None
         for part, ids in zip(ready.prompt.parts, ready.prompt.ids, strict=True):
             one = self.asker.ask(
                 outcome.tag, outcome.group, part, len(tally.call_log), self._keep(outcome.tag), ids, sample
@@ -214,7 +225,7 @@ class Stage:
             outcome.status = last.status
             self.run_dir.write_outcome(outcome)
             return outcome, None
-        patch = patch_file(ready, [a.checked for a in asked], self.mode, self.cfg.reflect.edit_budget)
+        patch = patch_file(ready, [a.checked for a in asked], self.mode, self.settings.reflect.edit_budget)
         return outcome, self.run_dir.save_patch(outcome, patch)
 
     def _keep(self, tag: str):
@@ -222,7 +233,8 @@ class Stage:
 
 
 def make_asker(
-    cfg: ReflactConfig,
+    reflect: ReflectConfig,
+    o: OptimizerConfig,
     mode: Mode,
     system: SystemPrompts,
     optimizer: Optimizer,
@@ -230,13 +242,13 @@ def make_asker(
     stopping: threading.Event,
 ) -> Asker:
     """The settings every conversation of the run shares."""
-    o, provenance = cfg.optimizer, cfg.reflect.provenance
+    provenance = reflect.provenance
     schemas = {group.name: reply_schema(mode, group, system.notes_allowed[group.name], provenance) for group in GROUPS}
     return Asker(
         optimizer=optimizer,
         mode=mode,
-        budget=cfg.reflect.edit_budget,
-        max_reasks=cfg.reflect.max_reasks,
+        budget=reflect.edit_budget,
+        max_reasks=reflect.max_reasks,
         allowance=output_allowance(o, mode),
         ceiling=o.max_output_tokens_ceiling,
         price=o.prices.get(o.model),

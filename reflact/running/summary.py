@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 
 from reflact.calls.protocol import Usage
-from reflact.config import ReflactConfig, ReflectConfig, priced
+from reflact.config import OptimizerConfig, ReflectConfig, model_priced
 from reflact.core.metrics import STATUSES
 from reflact.core.modes import Mode
 from reflact.inputs.dataset import Dataset
@@ -28,11 +28,11 @@ def apply_metrics(counts: dict) -> dict[str, float]:
     return {(key if key == "apply_share" else f"edits_{key}"): value for key, value in counts.items() if key != "total"}
 
 
-def optimized_value(cfg: ReflactConfig, summary: dict) -> float | None:
-    """The run metric named by `optimized_metric`, for sweepers that optimise it (Optuna...)."""
-    if not cfg.optimized_metric:
+def optimized_value(name: str | None, summary: dict) -> float | None:
+    """The run metric named by `optimized_metric` (`name`), for sweepers that optimise it (Optuna...)."""
+    if not name:
         return None
-    return float(summary["counts"][cfg.optimized_metric])
+    return float(summary["counts"][name])
 
 
 def usd(value: float | None) -> str:
@@ -40,14 +40,16 @@ def usd(value: float | None) -> str:
     return "cost unknown" if value is None else f"${value:.4f}"
 
 
-def run_status(counts: dict, cfg: ReflactConfig, outcomes: list[Outcome], run_dir, fault: str = "") -> tuple[str, str]:
+def run_status(
+    counts: dict, reflect: ReflectConfig, o: OptimizerConfig, outcomes: list[Outcome], run_dir, fault: str = ""
+) -> tuple[str, str]:
     """FINISHED, or FAILED and why (with what to check): no minibatch produced a patch, or one
     finally failed while reflect.allow_failed_minibatches=false. A dry run makes no patch by design.
     `fault`: the endpoint was judged unusable (reflact.calls.client): then that is the reason, as it is."""
     failed = [o for o in outcomes if o.status == "failed"]
     first = f"; first error: {failed[0].error}" if failed else ""
     rerun = f"rerun with hydra.run.dir={run_dir} to redo only those"
-    if cfg.optimizer.dry_run:
+    if o.dry_run:
         return "FINISHED", ""
     nothing_made = not counts["minibatches_done"] + counts["minibatches_reused"]
     if fault and nothing_made:
@@ -56,31 +58,30 @@ def run_status(counts: dict, cfg: ReflactConfig, outcomes: list[Outcome], run_di
         return "FAILED", (
             f"no minibatch produced a patch ({counts['minibatches_failed']} failed, "
             f"{counts['minibatches_not_run']} not run{first}); check optimizer.base_url, optimizer.model "
-            f"and the key in ${cfg.optimizer.api_key_env}, then {rerun}"
+            f"and the key in ${o.api_key_env}, then {rerun}"
         )
-    if failed and not cfg.reflect.allow_failed_minibatches:
+    if failed and not reflect.allow_failed_minibatches:
         return "FAILED", (
             f"{len(failed)} minibatch(es) failed and reflect.allow_failed_minibatches=false{first}; {rerun}"
         )
     return "FINISHED", ""
 
 
-def settings(cfg: ReflactConfig, template_hashes: dict[str, str]) -> dict:
-    r = cfg.reflect
+def settings(r: ReflectConfig, o: OptimizerConfig, template_hashes: dict[str, str]) -> dict:
     shown = {
         "minibatch_size": r.minibatch_size,
         "edit_budget": r.edit_budget,
         "seed": r.seed,
         "update_mode": r.update_mode,
-        "model": cfg.optimizer.model,
+        "model": o.model,
         "workers": r.workers,
         "failure_only": r.failure_only,
         "skill_aware": r.skill_aware.enabled,
         "template_hashes": template_hashes,
     }
     # only when in use: a run without them keeps the summary it always had
-    if cfg.optimizer.samples > 1:
-        shown["samples"] = cfg.optimizer.samples
+    if o.samples > 1:
+        shown["samples"] = o.samples
     if r.provenance:
         shown["provenance"] = True
     return shown
@@ -100,13 +101,13 @@ def dataset_counts(dataset: Dataset, reflect: ReflectConfig) -> dict[str, int]:
     return counted
 
 
-def counts(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], wall_time_s: float) -> dict:
+def counts(reflect: ReflectConfig, priced: bool, dataset: Dataset, outcomes: list[Outcome], wall_time_s: float) -> dict:
     usage = Usage()
     for o in outcomes:
         usage.add(o.usage)
     by_status = {status: sum(1 for o in outcomes if o.status == status) for status in STATUSES}
     return {
-        **dataset_counts(dataset, cfg.reflect),
+        **dataset_counts(dataset, reflect),
         "minibatches": len(outcomes),
         **{f"minibatches_{status}": n for status, n in by_status.items()},
         "calls": sum(o.calls for o in outcomes),
@@ -122,8 +123,8 @@ def counts(cfg: ReflactConfig, dataset: Dataset, outcomes: list[Outcome], wall_t
         "tokens_completion": usage.completion,
         "tokens_reasoning": usage.reasoning,
         # unknown, not $0, without a price for the model
-        "cost_usd": round(sum(o.cost_usd for o in outcomes), 6) if priced(cfg) else None,
-        "spent_usd": round(sum(o.spent_usd for o in outcomes), 6) if priced(cfg) else None,
+        "cost_usd": round(sum(o.cost_usd for o in outcomes), 6) if priced else None,
+        "spent_usd": round(sum(o.spent_usd for o in outcomes), 6) if priced else None,
         "wall_time_s": round(wall_time_s, 3),
     }
 
@@ -142,7 +143,8 @@ def kept_rows(outcome: Outcome, patch: dict, mode: Mode, preview: Preview | None
 
 def summarize(
     run_dir: RunDir,
-    cfg: ReflactConfig,
+    reflect: ReflectConfig,
+    optimizer: OptimizerConfig,
     dataset: Dataset,
     mode: Mode,
     outcomes: list[Outcome],
@@ -156,7 +158,7 @@ def summarize(
     (epoch seconds: time.time)."""
     previews: dict[str, Preview] = {}
     kept_items: list[dict] = []
-    support = SupportTally() if cfg.reflect.provenance else None
+    support = SupportTally() if reflect.provenance else None
     with run_dir.kept_items_writer() as kept, tempfile.TemporaryFile("w+", encoding="utf-8") as sections:
         for o in outcomes:
             patch = patches.get(o.tag) if o.status in WITH_PATCH else None
@@ -170,7 +172,9 @@ def summarize(
                 if support is not None:
                     support.add([i for i in o.ids if i not in dataset.skipped], [row["item"] for row in rows])
             sections.write(minibatch_section(o, patch, rows, mode.payload_key))
-        summary = make_summary(cfg, dataset, outcomes, previews, template_hashes, clock() - started, support)
+        summary = make_summary(
+            reflect, optimizer, dataset, outcomes, previews, template_hashes, clock() - started, support
+        )
         summary["times"] = {"started_at": started, "ended_at": clock()}
         run_dir.write_summary(summary)
         sections.seek(0)
@@ -179,7 +183,8 @@ def summarize(
 
 
 def make_summary(
-    cfg: ReflactConfig,
+    reflect: ReflectConfig,
+    optimizer: OptimizerConfig,
     dataset: Dataset,
     outcomes: list[Outcome],
     previews: dict[str, Preview],
@@ -187,16 +192,17 @@ def make_summary(
     wall_time_s: float,
     support: SupportTally | None = None,
 ) -> dict:
-    run_counts = counts(cfg, dataset, outcomes, wall_time_s)
-    if cfg.reflect.update_mode == "patch":
+    priced = model_priced(optimizer)
+    run_counts = counts(reflect, priced, dataset, outcomes, wall_time_s)
+    if reflect.update_mode == "patch":
         run_counts.update(apply_metrics(run_apply_counts(previews)))
     if support is not None:
         run_counts.update(support.counts())
-    unknown = {} if priced(cfg) else {"cost_usd": None, "spent_usd": None}
+    unknown = {} if priced else {"cost_usd": None, "spent_usd": None}
     summary = {
-        "settings": settings(cfg, template_hashes),
+        "settings": settings(reflect, optimizer, template_hashes),
         "counts": run_counts,
-        "cost_known": priced(cfg),  # false: the model has no price, cost_usd and spent_usd are null
+        "cost_known": priced,  # false: the model has no price, cost_usd and spent_usd are null
         "skipped": dataset.skipped,
         "minibatches": [
             {

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
-from reflact.config import Execution, ReflactConfig, from_hydra
+from reflact.config import Execution, OptimizerConfig, from_hydra
 from reflact.core.errors import UserError
 from reflact.core.imports import one_at_a_time
 from reflact.core.launch import LaunchDir
@@ -28,6 +28,7 @@ from reflact.inputs.dataset import Dataset
 from reflact.inputs.source import load_input
 from reflact.running.batch_requests import Unit
 from reflact.running.rundir import SweepDir
+from reflact.running.stage import StageSettings
 
 if TYPE_CHECKING:  # batch execution comes with the OpenAI SDK: imported when a job batches
     from reflact.running.batch import Batching
@@ -40,13 +41,13 @@ def sweep_batching(config: DictConfig, sweep_dir: Path, launch_dir: Path) -> Bat
     """The batch of the sweep's jobs that run with optimizer.execution=batch (None when none does)."""
     if not might_batch(config):  # a live sweep composes no job here
         return None
-    units = [unit for unit in job_units(config, launch_dir) if unit.cfg.optimizer.execution is Execution.batch]
+    units = [unit for unit in job_units(config, launch_dir) if unit.settings.optimizer.execution is Execution.batch]
     if not units:
         return None
     with one_at_a_time():  # the SDK comes with it
         from reflact.running.batch import Batching
 
-    together = [unit for unit in units if _shared(unit.cfg, units[0].cfg, launch_dir)]
+    together = [unit for unit in units if _shared(unit.settings.optimizer, units[0].settings.optimizer, launch_dir)]
     if len(together) < len(units):
         log.info("%d job(s) of another endpoint or response cache batch on their own", len(units) - len(together))
     go_on = shlex.join(["python", "-m", "reflact.run", *sys.argv[1:]])
@@ -95,15 +96,14 @@ def _unit(job: DictConfig, datasets: dict[str, Dataset], launch_dir: Path) -> Un
         cfg = from_hydra(OmegaConf.masked_copy(job, [str(k) for k in job if k != "hydra"]))[0]
         data = repr(cfg.data)
         if data not in datasets:
-            datasets[data] = load_input(cfg, launch_dir)
+            datasets[data] = load_input(cfg.data, cfg.mlflow, cfg.reflect, launch_dir)
     except UserError:
         return None
-    return Unit(cfg, datasets[data], run_dir.resolve())
+    return Unit(StageSettings(cfg.reflect, cfg.prompts, cfg.optimizer), datasets[data], run_dir.resolve())
 
 
-def _shared(cfg: ReflactConfig, first: ReflactConfig, launch_dir: Path) -> bool:
-    """Whether a job reaches the same server and response cache as the first (one batch serves both)."""
-    a, b = cfg.optimizer, first.optimizer
+def _shared(a: OptimizerConfig, b: OptimizerConfig, launch_dir: Path) -> bool:
+    """Whether a job (`a`) reaches the same server and response cache as the first (`b`): one batch serves both."""
     same_cache = LaunchDir(launch_dir).cache(a.cache_path) == LaunchDir(launch_dir).cache(b.cache_path)
     return same_cache and (a.provider, a.base_url, a.azure, a.api_key_env) == (
         b.provider,

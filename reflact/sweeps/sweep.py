@@ -98,7 +98,7 @@ class MlflowSweep(Callback):
         from reflact.sweeps.jobs import needs_relog, sweep_jobs
         from reflact.tracking.store import tracking_uri
 
-        uri = self._open[0].uri if self._open is not None else tracking_uri(_typed(config), Path.cwd())
+        uri = self._open[0].uri if self._open is not None else tracking_uri(_typed(config).mlflow, Path.cwd())
         jobs = sweep_jobs(sweep, uri)
         if self._open is None:  # the store failed as the sweep started: the parent is missing too
             return needs_relog(jobs, sweep.root, parent=False)
@@ -116,12 +116,12 @@ class MlflowSweep(Callback):
         from reflact.tracking.nesting import check_parent, nest
         from reflact.tracking.store import Store, tracking_uri
 
-        cfg = _typed(config)
-        store = Store(tracking_uri(cfg, launch_dir), cfg.mlflow.experiment, launch_dir)
+        m = _typed(config).mlflow
+        store = Store(tracking_uri(m, launch_dir), m.experiment, launch_dir)
         sweep = SweepDir(sweep_dir)
-        parent = cfg.mlflow.parent_run_id
+        parent = m.parent_run_id
         if parent:  # the sweep's parent run is the child of that run, in its experiment
-            check_parent(cfg, store.uri)
+            check_parent(m, store.uri)
             nest(store, parent)
         open_parent(store, sweep, launch_dir, str(config.name), {**fixed, **listed(swept)}, parent)
         self._open = (store, sweep)

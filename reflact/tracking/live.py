@@ -52,7 +52,7 @@ class LiveRun:
         """`spare`: this process's idle tracker, if any; it gets the tracker back when the run's
         ended cleanly, for the process's next run."""
         self.context = context
-        self.uri = tracking_uri(context.cfg, context.launch_dir)
+        self.uri = tracking_uri(context.mlflow, context.launch_dir)
         self.finished = False
         self._spare = spare
         self._tracker = TrackerProcess(Start(context, self.uri), spare.take() if spare is not None else None)
@@ -70,7 +70,7 @@ class LiveRun:
             # the queue holds what the tracker needs, not the patch itself (it is on disk)
             event = MinibatchEnded(event.outcome, SAVED if event.patch is not None else None)
         elif isinstance(event, Replied):
-            if not self.context.cfg.mlflow.trace_calls:
+            if not self.context.mlflow.trace_calls:
                 return  # its messages are only needed for a trace
             with self._lock:  # the run dir's record of the trace first: relog rebuilds it from there
                 append_trace(self.context.run_dir, trace_record(event))
@@ -86,7 +86,7 @@ class LiveRun:
             self._hand_back()
             log.info("MLflow run %s already holds this run's patches; left as it is", record["run_id"])
             return record["run_id"]
-        deadline_s = self.context.cfg.mlflow.deadline_s
+        deadline_s = self.context.mlflow.deadline_s
         ended = waits_from(summary, deadline_s)
         self._tracker.start(0.0)
         # the tracker gives up a moment before the run stops it, so that it can say why

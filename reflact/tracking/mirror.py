@@ -14,7 +14,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from reflact.config import OptimizerConfig, ReflectConfig, priced
+from reflact.config import OptimizerConfig, ReflectConfig, model_priced
 from reflact.core.groups import GROUPS
 from reflact.core.imports import one_at_a_time
 from reflact.core.modes import get_mode
@@ -162,10 +162,10 @@ class Mirror:
         self.store = store
         self.context = context
         self.positions: dict[str, int] = {}
-        self.totals = Totals(priced=priced(context.cfg))
+        self.totals = Totals(priced=model_priced(context.optimizer))
         self._ending: Batch | None = None  # the end's write, once made (what a failed try left of it)
         self.batches = Batches()
-        self.setting = run_setting(context.cfg.reflect, context.cfg.optimizer)  # what its description names
+        self.setting = run_setting(context.reflect, context.optimizer)  # what its description names
         self._handed_back = False  # the patched skill registered, the source traces given their feedback
 
     def open(self) -> str:
@@ -183,10 +183,12 @@ class Mirror:
             held = resume(self.store, left)
             self.store.log_params({key: value for key, value in params.items() if key not in held})
             return left
-        run_id = self.store.create(run_name(c.cfg, c.job), self._tags(), int(c.started_at * 1000))
+        run_id = self.store.create(run_name(c.reflect, c.optimizer, c.job), self._tags(), int(c.started_at * 1000))
         self.store.log_params(params)
         opening = [(OPENING_METRIC, 0.0, 0)]  # first: the compare view opens on it, not on M
-        self.store.log_metrics(opening + [(k, float(v), 0) for k, v in setting_metrics(c.cfg).items()], now_ms())
+        self.store.log_metrics(
+            opening + [(k, float(v), 0) for k, v in setting_metrics(c.reflect, c.optimizer).items()], now_ms()
+        )
         if c.dataset is not None:
             log_dataset(self.store, c, c.dataset)
         if c.system is not None:
@@ -213,7 +215,7 @@ class Mirror:
             elif isinstance(event, BatchNoted):
                 batch.extend(self.batches.noted(event))
         if any(isinstance(e, MinibatchEnded) for e in events):
-            totals = total_metrics(self.totals.counts(), self.context.cfg.optimizer.dry_run)
+            totals = total_metrics(self.totals.counts(), self.context.optimizer.dry_run)
             batch.rows += [(key, value, self.totals.ended) for key, value in totals.items()]
         return batch
 
@@ -240,7 +242,7 @@ class Mirror:
         if last is not None:
             self._ending.extend(last.take())
         self.log(self._ending)
-        if self.context.cfg.mlflow.trace_calls:
+        if self.context.mlflow.trace_calls:
             _flush_traces()
         if summary is not None and status == "FINISHED" and not self._handed_back:  # once, not on a retried end
             self._handed_back = hand_back(self.store, self.context)
@@ -261,7 +263,7 @@ class Mirror:
         summary, and the kept-items table's tag."""
         if summary is None:  # stopped before its summary: the totals so far
             return Batch(tags=note_tags(run_description(self.setting, self.totals.counts())))
-        dry_run = self.context.cfg.optimizer.dry_run
+        dry_run = self.context.optimizer.dry_run
         rows = [(k, v, self.totals.ended) for k, v in total_metrics(summary["counts"], dry_run).items()]
         for record in summary["minibatches"]:
             step = self.positions.get(record["tag"], 0)
@@ -291,7 +293,7 @@ class Mirror:
 
     def _tags(self) -> dict[str, str]:
         c = self.context
-        tags = context_tags(c.cfg, c.run_dir.root, c.launch_dir, list(c.overrides))
+        tags = context_tags(c.optimizer.dry_run, c.run_dir.root, c.launch_dir, list(c.overrides))
         tags.update(note_tags(run_description(self.setting, None)))  # its setting, until its end says more
         if c.sweep_dir is not None:
             tags["reflact.sweep_id"] = sweep_id(c.sweep_dir, c.launch_dir)
@@ -324,13 +326,13 @@ def log_dataset(store: Store, c: RunContext, dataset: Dataset) -> None:
     """The dataset as an MLflow dataset input: the runs table's Datasets column, and its filters."""
     if dataset.origin is not None:  # read from traces: named by experiment, its source the filter too
         o = dataset.origin
-        profile = {**dataset_counts(dataset, c.cfg.reflect), "found": o.found}
+        profile = {**dataset_counts(dataset, c.reflect), "found": o.found}
         store.log_dataset(f"traces:{','.join(o.experiments)}", o.digest, o.source(), profile, "mlflow_traces")
         return
     skill, results = dataset.paths
     conversations = [dataset.conversation_path(r.id) for r in dataset.results if r.id not in dataset.skipped]
-    profile = dataset_counts(dataset, c.cfg.reflect)  # as summary.json counts
-    folder = Path(c.cfg.data.dir).resolve() if c.cfg.data.dir else results.resolve()
+    profile = dataset_counts(dataset, c.reflect)  # as summary.json counts
+    folder = Path(c.data.dir).resolve() if c.data.dir else results.resolve()
     digest = dataset_digest(skill, results, conversations)
     if dataset.source is not None:  # the skill is a prompt version, not a file: its name and version
         source = f"{digest}/{dataset.source.name}/{dataset.source.version}"
@@ -340,16 +342,16 @@ def log_dataset(store: Store, c: RunContext, dataset: Dataset) -> None:
 
 def link_prompts(store: Store, c: RunContext, system: SystemPrompts) -> None:
     """The templates in MLflow's prompt registry; a registry that fails costs a warning, not the run."""
-    overrides = overrides_of(c.cfg.prompts)
+    overrides = overrides_of(c.prompts)
     try:
         for group in GROUPS:
             text = system.text(group.name)
             name = prompt_name(
                 group.name,
-                c.cfg.reflect.update_mode,
+                c.reflect.update_mode,
                 system.notes_allowed[group.name],
                 bool(overrides[group.name]),
-                c.cfg.reflect.provenance,
+                c.reflect.provenance,
             )
             store.link_prompt(name, text, content_hash(text))
     except Exception as exc:  # the template hashes are params either way
@@ -360,14 +362,14 @@ def hand_back(store: Store, c: RunContext) -> bool:
     """What a finished run gives back to MLflow beyond its own run: the patched skill as a version in
     the Prompt Registry (mlflow.register_skill) and a `reflact.edit` feedback on each source trace of
     a kept item (mlflow.edit_feedback). A registry or trace store that fails costs a warning."""
-    if c.dataset is None or c.cfg.optimizer.dry_run:
+    if c.dataset is None or c.optimizer.dry_run:
         return True
-    if c.cfg.mlflow.register_skill:
+    if c.mlflow.register_skill:
         try:
             register_skill(store, c)
         except Exception as exc:  # the run dir keeps the edits: a warning, not the run
             log.warning("the patched skill could not be registered in MLflow's Prompt Registry: %s", one_line(exc))
-    if c.cfg.mlflow.edit_feedback:
+    if c.mlflow.edit_feedback:
         try:
             edit_feedback(store, c)
         except Exception as exc:

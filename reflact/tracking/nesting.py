@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from reflact.config import ReflactConfig
+from reflact.config import MlflowConfig
 from reflact.core.errors import UserError
 from reflact.core.imports import one_at_a_time
 from reflact.core.text import one_line
@@ -18,9 +18,9 @@ from reflact.tracking.process import RunContext
 PARENT_TAG = "mlflow.parentRunId"
 
 
-def under_active_run(cfg: ReflactConfig) -> None:
+def under_active_run(m: MlflowConfig) -> None:
     """A caller inside `with mlflow.start_run():` gets the run as a child (parent_run_id unset)."""
-    if cfg.mlflow.parent_run_id or not cfg.mlflow.enabled or "mlflow" not in sys.modules:
+    if m.parent_run_id or not m.enabled or "mlflow" not in sys.modules:
         return  # a caller with an active run has imported mlflow: nothing to import otherwise
     with one_at_a_time():
         import mlflow
@@ -28,14 +28,14 @@ def under_active_run(cfg: ReflactConfig) -> None:
     active = mlflow.active_run()
     if active is None:
         return
-    cfg.mlflow.parent_run_id = active.info.run_id
-    cfg.mlflow.tracking_uri = cfg.mlflow.tracking_uri or mlflow.get_tracking_uri()
+    m.parent_run_id = active.info.run_id
+    m.tracking_uri = m.tracking_uri or mlflow.get_tracking_uri()
 
 
-def check_parent(cfg: ReflactConfig, uri: str) -> None:
+def check_parent(m: MlflowConfig, uri: str) -> None:
     """A parent that is no active run of the store is a mistake: one line, before any call."""
-    parent = cfg.mlflow.parent_run_id
-    if not parent or not cfg.mlflow.enabled:
+    parent = m.parent_run_id
+    if not parent or not m.enabled:
         return
     with one_at_a_time():
         from mlflow import MlflowClient
@@ -54,7 +54,7 @@ def parent_of(uri: str, c: RunContext) -> str:
     if c.sweep_dir is not None:
         parent = SweepDir(c.sweep_dir).parent_record()
         return str(parent["run_id"]) if parent.get("tracking_uri") == uri else ""
-    return c.cfg.mlflow.parent_run_id or ""
+    return c.mlflow.parent_run_id or ""
 
 
 def nest(store, parent: str) -> None:

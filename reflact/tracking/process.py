@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import reflact
 
 if TYPE_CHECKING:  # the messages' contents; the run that sends them has these loaded already
-    from reflact.config import ReflactConfig
+    from reflact.config import DataConfig, MlflowConfig, OptimizerConfig, PromptsConfig, ReflectConfig
     from reflact.inputs.dataset import Dataset
     from reflact.prompting.prompts import SystemPrompts
     from reflact.running.rundir import RunDir
@@ -29,7 +29,12 @@ if TYPE_CHECKING:  # the messages' contents; the run that sends them has these l
 class RunContext:
     """Everything about the run its MLflow run shows besides the stage's events."""
 
-    cfg: ReflactConfig
+    # the sections it reads (the analysis is the run's, after the stage); `params` records them all
+    data: DataConfig
+    reflect: ReflectConfig
+    prompts: PromptsConfig
+    optimizer: OptimizerConfig
+    mlflow: MlflowConfig
     params: dict[str, str]
     run_dir: RunDir
     launch_dir: Path

@@ -32,7 +32,7 @@ def edit_feedback(store, c: RunContext) -> int:
         from mlflow.tracing.client import TracingClient
 
     # the traces' own store: data.mlflow.tracking_uri when they were read from another one
-    tracing = TracingClient(c.cfg.data.mlflow.tracking_uri or store.uri)
+    tracing = TracingClient(c.data.mlflow.tracking_uri or store.uri)
     traces: dict[str, set[tuple[str, str, str]] | None] = {}  # trace id -> its reflact.edit keys (None: no trace)
     written = 0
     for row in c.run_dir.kept_items():

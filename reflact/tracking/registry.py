@@ -41,7 +41,7 @@ def patched_skill(c: RunContext) -> Patched | None:
     """The source skill with the run's kept items applied (None, said in a warning, when the mode
     has no text to register)."""
     assert c.dataset is not None  # a run registers only with its dataset
-    patched, why = patched_text(c.dataset.skill, c.run_dir, c.cfg.reflect.update_mode)
+    patched, why = patched_text(c.dataset.skill, c.run_dir, c.reflect.update_mode)
     if patched is None:
         log.warning("mlflow.register_skill: the run made %s; nothing registered (the run dir keeps them)", why)
     return patched
@@ -83,7 +83,7 @@ def register_skill(store, c: RunContext) -> str | None:
         log.warning("mlflow.register_skill: no kept edit changes the skill; nothing registered")
         return None
     source = c.dataset.source  # type: ignore[union-attr]
-    name = source.name if source is not None and not c.cfg.mlflow.skill_name else str(c.cfg.mlflow.skill_name)
+    name = source.name if source is not None and not c.mlflow.skill_name else str(c.mlflow.skill_name)
     digest = hashlib.sha256(patched.text.encode("utf-8")).hexdigest()[:16]
     client = store.client
     version = _holding(client, name, digest)
@@ -91,12 +91,12 @@ def register_skill(store, c: RunContext) -> str | None:
         message = commit_message(c, patched)
         tags = _tags(store, c, patched, digest)
         version = client.register_prompt(name=name, template=patched.text, commit_message=message, tags=tags)
-    client.set_prompt_alias(name, c.cfg.mlflow.skill_alias, int(version.version))
+    client.set_prompt_alias(name, c.mlflow.skill_alias, int(version.version))
     client.link_prompt_version_to_run(store.run_id, version)
     uri = f"prompts:/{name}/{version.version}"
     client.set_tag(store.run_id, RUN_TAG, uri)
     _list_on_parent(store, c, uri)
-    log.info("registered the patched skill as %s (alias %s)", uri, c.cfg.mlflow.skill_alias)
+    log.info("registered the patched skill as %s (alias %s)", uri, c.mlflow.skill_alias)
     return uri
 
 
@@ -118,7 +118,7 @@ def _holding(client, name: str, digest: str):
 
 def commit_message(c: RunContext, patched: Patched) -> str:
     """What was kept, in one line: how many items from how many minibatches, by kind, and the settings."""
-    r = c.cfg.reflect
+    r = c.reflect
     kinds = Counter(str(item.get("op") or item.get("type") or "candidate") for item in patched.kept)
     shown = ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
     return one_line(
@@ -129,7 +129,7 @@ def commit_message(c: RunContext, patched: Patched) -> str:
 
 
 def _tags(store, c: RunContext, patched: Patched, digest: str) -> dict[str, str]:
-    r = c.cfg.reflect
+    r = c.reflect
     source = c.dataset.source if c.dataset is not None else None
     tags = {
         "reflact.run_id": store.run_id,

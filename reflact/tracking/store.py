@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlparse
 
 import reflact
-from reflact.config import ReflactConfig
+from reflact.config import MlflowConfig, OptimizerConfig, ReflectConfig
 from reflact.core.files import write_text
 from reflact.core.imports import one_at_a_time
 from reflact.core.launch import LaunchDir
@@ -61,25 +61,23 @@ def default_tracking_uri(launch_dir: Path) -> str:
     return LaunchDir(launch_dir).mlflow_uri
 
 
-def tracking_uri(cfg: ReflactConfig, launch_dir: Path) -> str:
-    return cfg.mlflow.tracking_uri or default_tracking_uri(launch_dir)
+def tracking_uri(m: MlflowConfig, launch_dir: Path) -> str:
+    return m.tracking_uri or default_tracking_uri(launch_dir)
 
 
-def run_name(cfg: ReflactConfig, job: int | None = None) -> str:
+def run_name(r: ReflectConfig, o: OptimizerConfig, job: int | None = None) -> str:
     """What tells runs apart at a glance: `patch M8 L4 s42`, `#3` for a sweep's job, `dry run`."""
-    r = cfg.reflect
     name = f"{get_mode(r.update_mode).short} M{r.minibatch_size} L{r.edit_budget} s{r.seed}"
-    name += f" k{cfg.optimizer.samples}" if cfg.optimizer.samples > 1 else ""
+    name += f" k{o.samples}" if o.samples > 1 else ""
     name += f" #{job}" if job is not None else ""
-    return name + (" dry run" if cfg.optimizer.dry_run else "")
+    return name + (" dry run" if o.dry_run else "")
 
 
-def setting_metrics(cfg: ReflactConfig) -> dict[str, int]:
+def setting_metrics(r: ReflectConfig, o: OptimizerConfig) -> dict[str, int]:
     """M, L, seed and mode as metrics too, so charts and the compare view can use them as axes."""
-    r = cfg.reflect
     metrics = {"M": r.minibatch_size, "L": r.edit_budget, "seed": r.seed, "mode": get_mode(r.update_mode).number}
-    if cfg.optimizer.samples > 1:  # draws per minibatch; absent: one
-        metrics["samples"] = cfg.optimizer.samples
+    if o.samples > 1:  # draws per minibatch; absent: one
+        metrics["samples"] = o.samples
     return metrics
 
 
@@ -112,7 +110,7 @@ def minibatch_metrics(record: dict) -> dict[str, float]:
     return metrics
 
 
-def context_tags(cfg: ReflactConfig, run_dir: Path, launch_dir: Path, overrides: list[str]) -> dict[str, str]:
+def context_tags(dry_run: bool, run_dir: Path, launch_dir: Path, overrides: list[str]) -> dict[str, str]:
     """MLflow's standard context tags, and reflact's own."""
     tags = {
         "mlflow.user": _user(),
@@ -121,7 +119,7 @@ def context_tags(cfg: ReflactConfig, run_dir: Path, launch_dir: Path, overrides:
         "reflact.version": reflact.__version__,
         "reflact.run_dir": str(run_dir),
         "reflact.overrides": " ".join(overrides),
-        "reflact.dry_run": str(cfg.optimizer.dry_run).lower(),
+        "reflact.dry_run": str(dry_run).lower(),
     }
     commit = git_commit(launch_dir)
     if commit:

@@ -129,7 +129,7 @@ class Tracker:
         """Writes what is queued (opening the run first): the traces, and unless `rest` is false the
         metrics and files; raises when the store fails."""
         if self.mirror is None:
-            store = Store(self.uri, self.context.cfg.mlflow.experiment, self.context.launch_dir)
+            store = Store(self.uri, self.context.mlflow.experiment, self.context.launch_dir)
             self.send({"answered": True})
             store.client = Answering(store.client, self.send)  # type: ignore[assignment]  # the same methods
             mirror = Mirror(store, self.context)
@@ -137,10 +137,10 @@ class Tracker:
             self.context.run_dir.write_mlflow_record({"run_id": run_id, "tracking_uri": self.uri, "status": "RUNNING"})
             self.send({"run_id": run_id})
             self.mirror = mirror
-        if self.context.cfg.mlflow.trace_calls:
+        if self.context.mlflow.trace_calls:
             self._recall_reused()
             new = [event for event in self.replied if (event.tag, event.number) not in self.traced]
-            self.mirror.store.traces(new, self.context.cfg.optimizer.model)
+            self.mirror.store.traces(new, self.context.optimizer.model)
             self.traced.update((event.tag, event.number) for event in new)
         if self.pending:
             self.unwritten.extend(self.mirror.batch(self.pending))
@@ -210,7 +210,7 @@ class Tracker:
         assert self.mirror is not None
         present = traced_requests(self.mirror.store)
         lost = [event for event in self.replied if (event.tag, str(event.number)) not in present]
-        self.mirror.store.traces(lost, self.context.cfg.optimizer.model)
+        self.mirror.store.traces(lost, self.context.optimizer.model)
 
 
 # the client's calls that return although their write failed: MLflow's tracer exports the trace
