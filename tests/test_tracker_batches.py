@@ -61,7 +61,8 @@ class Feed:
         self.frames: queue.SimpleQueue = queue.SimpleQueue()
         self.answers: list[dict] = []
         context = SimpleNamespace(
-            cfg=SimpleNamespace(mlflow=SimpleNamespace(trace_calls=True), optimizer=SimpleNamespace(model="m")),
+            mlflow=SimpleNamespace(trace_calls=True),
+            optimizer=SimpleNamespace(model="m"),
             run_dir=SimpleNamespace(write_mlflow_record=lambda record: None),
         )
         self.tracker = Tracker(context, "sqlite:///unused.db", self.answers.append)  # type: ignore[arg-type]
