@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import json
 import os
 import random
@@ -24,6 +25,16 @@ from reflact import config as reflact_config
 from reflact.testing.optimizer_server import OptimizerServer
 
 PROJECT = Path(__file__).resolve().parent.parent
+
+
+def docs_script(name: str):
+    """A script of docs/ (keys.py, screenshots.py) imported as the module `docs_<name>`."""
+    spec = importlib.util.spec_from_file_location(f"docs_{name}", PROJECT / "docs" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[f"docs_{name}"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 SKILL = """# Support skill

@@ -8,17 +8,15 @@ the tests here: slow (the server's start and the sweep take ~15 s on a busy mach
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import shutil
-import sys
 import urllib.parse
 import urllib.request
 
 import pytest
 
 from reflact.testing.optimizer_server import OptimizerServer
-from tests.conftest import PROJECT, ok, run_cli, start_mlflow_server, stop, write_dataset
+from tests.conftest import docs_script, ok, run_cli, start_mlflow_server, stop, write_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -102,12 +100,7 @@ def metric(run: dict, key: str) -> float:
 
 def screenshots_module():
     """docs/screenshots.py, whose headless Chromium drives the UI here too."""
-    spec = importlib.util.spec_from_file_location("docs_screenshots", PROJECT / "docs" / "screenshots.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["docs_screenshots"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return docs_script("screenshots")
 
 
 def test_the_ui_opens_the_compare_view_on_edits_kept_and_shows_each_runs_description(served_sweep):

@@ -4,22 +4,16 @@ another comment without the reference being made again, and a key without a comm
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import pytest
 
-from tests.conftest import PROJECT
+from tests.conftest import PROJECT, docs_script
 
 
 @pytest.fixture(scope="module")
 def keys_script():
-    spec = importlib.util.spec_from_file_location("docs_keys", PROJECT / "docs" / "keys.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["docs_keys"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
+    yield docs_script("keys")
     del sys.modules["docs_keys"]
 
 

@@ -26,28 +26,8 @@ from reflact.core.imports import one_at_a_time
 NAMES = ("numbers", "negation", "target", *contrast.PAIRWISE, "wording")
 _WORDS = re.compile(r"[a-z]+(?:'t)?|\d+(?:[.,]\d+)?")
 # digits only: number words are as often no quantity ("one more try", "the two candidates")
-NEGATIONS = frozenset(
-    {
-        "not",
-        "no",
-        "never",
-        "nor",
-        "neither",
-        "without",
-        "unless",
-        "avoid",
-        "cannot",
-        "don't",
-        "doesn't",
-        "didn't",
-        "isn't",
-        "aren't",
-        "won't",
-        "can't",
-        "shouldn't",
-        "mustn't",
-    }
-)
+# an outright "no" in a whole edit: contrast's words less those it reads only in the differing parts
+NEGATIONS = contrast.SAYS_NO - {"none", "nothing", "instead", "rather"}
 
 
 def numbers(text: str) -> tuple[str, ...]:
