@@ -223,14 +223,14 @@ def _outcomes(summary: dict, o: OptimizerConfig, rd: RunDir) -> list:
     """The minibatches' records as the stage's outcomes; what the MLflow run needs of them beyond
     what loggable_summary checks (a cost, for a priced model) is checked too."""
     from reflact.calls.protocol import Usage
-    from reflact.config import model_priced
+    from reflact.config import priced
     from reflact.running.outcome import Outcome
 
     names = {f.name for f in fields(Outcome)}
     outcomes = []
     for number, record in enumerate(summary["minibatches"]):
         missing = [key for key in ("cost_usd", "spent_usd") if record.get(key, 0.0) is None]
-        if missing and model_priced(o):
+        if missing and priced(o):
             where = f"{rd / SUMMARY}: minibatches[{number}].{missing[0]}"
             raise UserError(f"{where} is damaged (null for a priced model)")
         kept = {k: v for k, v in record.items() if k in names}

@@ -18,7 +18,7 @@ from reflact.config.compose import (
 from reflact.config.params import PARAM_MAX_CHARS, param_text, params
 from reflact.config.parts import REUSED, SHAPING, THROUGH_MESSAGES, Parts, Shape, decided, parts, shape
 from reflact.config.paths import dataset_paths
-from reflact.config.prices import _price, how_to_price, model_priced, priced
+from reflact.config.prices import _price, how_to_price, priced
 from reflact.config.schema import (
     HALF_PRICE_TIERS,
     TIERS,
@@ -59,7 +59,6 @@ __all__ = [
     "decided",
     "parts",
     "shape",
-    "model_priced",
     "ADDED_GROUPS",
     "HALF_PRICE_TIERS",
     "LAUNCH",

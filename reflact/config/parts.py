@@ -1,4 +1,4 @@
-"""What each part of a run gets, and what each key does to results (issue 38)."""
+"""What each part of a run gets, and what each key does to results."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from reflact.config.schema import (
 )
 from reflact.config.unchanging import UNCHANGING
 
-# --- What each part of a run gets (issue 38) -------------------------------------------------
+# What each part of a run gets.
 # The whole ReflactConfig reaches only the entry points and this module, which records it (params,
 # the saved config) and decides, for every key, whether it changes results: UNCHANGING above (a
 # rerun resumes), SHAPING below (in every saved patch's fingerprint), or neither (it changes the

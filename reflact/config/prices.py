@@ -5,13 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from reflact.config.schema import TIERS, OptimizerConfig, Price, ReflactConfig
+from reflact.config.schema import TIERS, OptimizerConfig, Price
 from reflact.core.errors import UserError
-
-
-def priced(cfg: ReflactConfig) -> bool:
-    """Whether the model has a price: without one every cost is unknown (None), never $0."""
-    return cfg.optimizer.model in cfg.optimizer.prices
 
 
 def how_to_price(model: str) -> str:
@@ -55,6 +50,6 @@ def _price(model: str, value: Any, tier: str = "") -> Price:
     return Price(input=amounts[0], cached_input=amounts[1], output=amounts[2], tiers=tier_prices)
 
 
-def model_priced(o: OptimizerConfig) -> bool:
+def priced(o: OptimizerConfig) -> bool:
     """Whether the model has a price: without one every cost is unknown (None), never $0."""
     return o.model in o.prices

@@ -18,7 +18,7 @@ from reflact.analysis.figures import warm as analysis_warm
 from reflact.analysis.matchers import matcher_for
 from reflact.calls.deferred import Deferred, api_key
 from reflact.calls.protocol import CHARS_PER_TOKEN, DRY_RUN_REPLY_TOKENS, DryRunEstimator, Optimizer
-from reflact.config import AnalysisConfig, Execution, OptimizerConfig, Parts, how_to_price, model_priced
+from reflact.config import AnalysisConfig, Execution, OptimizerConfig, Parts, how_to_price, priced
 from reflact.core.errors import Stopped, StopSignal
 from reflact.core.imports import one_at_a_time
 from reflact.core.modes import Mode, get_mode
@@ -235,7 +235,7 @@ def _analysis(a: AnalysisConfig, o: OptimizerConfig, stage: Stage, summary: dict
 
 def warn_unpriced(o: OptimizerConfig) -> None:
     """Once per run: a model without a price has an unknown cost, shown so, never as $0."""
-    if model_priced(o):
+    if priced(o):
         return
     model = o.model
     log.warning(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from reflact.config import OptimizerConfig, ReflectConfig, model_priced
+from reflact.config import OptimizerConfig, ReflectConfig, priced
 from reflact.core.groups import FAILURE
 from reflact.core.modes import Mode
 from reflact.running.events import CallStarted, EndpointFailed, MinibatchEnded, Planned, Replied
@@ -24,7 +24,7 @@ class Progress:
         self.mode = mode
         self.total = self.ended = self.failed = self.in_flight = self.tokens = 0
         self.spent = 0.0
-        self.priced = model_priced(optimizer)
+        self.priced = priced(optimizer)
         # the endpoint is unusable: its minibatches' lines would all say so; the run's end line does, once
         self.muted = False
         self._lock = threading.Lock()

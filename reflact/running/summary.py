@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 
 from reflact.calls.protocol import Usage
-from reflact.config import OptimizerConfig, ReflectConfig, model_priced
+from reflact.config import OptimizerConfig, ReflectConfig, priced
 from reflact.core.metrics import STATUSES
 from reflact.core.modes import Mode
 from reflact.inputs.dataset import Dataset
@@ -192,17 +192,17 @@ def make_summary(
     wall_time_s: float,
     support: SupportTally | None = None,
 ) -> dict:
-    priced = model_priced(optimizer)
-    run_counts = counts(reflect, priced, dataset, outcomes, wall_time_s)
+    known = priced(optimizer)
+    run_counts = counts(reflect, known, dataset, outcomes, wall_time_s)
     if reflect.update_mode == "patch":
         run_counts.update(apply_metrics(run_apply_counts(previews)))
     if support is not None:
         run_counts.update(support.counts())
-    unknown = {} if priced else {"cost_usd": None, "spent_usd": None}
+    unknown = {} if known else {"cost_usd": None, "spent_usd": None}
     summary = {
         "settings": settings(reflect, optimizer, template_hashes),
         "counts": run_counts,
-        "cost_known": priced,  # false: the model has no price, cost_usd and spent_usd are null
+        "cost_known": known,  # false: the model has no price, cost_usd and spent_usd are null
         "skipped": dataset.skipped,
         "minibatches": [
             {

@@ -14,7 +14,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from reflact.config import OptimizerConfig, ReflectConfig, model_priced
+from reflact.config import OptimizerConfig, ReflectConfig, priced
 from reflact.core.groups import GROUPS
 from reflact.core.imports import one_at_a_time
 from reflact.core.modes import get_mode
@@ -162,7 +162,7 @@ class Mirror:
         self.store = store
         self.context = context
         self.positions: dict[str, int] = {}
-        self.totals = Totals(priced=model_priced(context.optimizer))
+        self.totals = Totals(priced=priced(context.optimizer))
         self._ending: Batch | None = None  # the end's write, once made (what a failed try left of it)
         self.batches = Batches()
         self.setting = run_setting(context.reflect, context.optimizer)  # what its description names
