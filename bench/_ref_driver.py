@@ -16,7 +16,9 @@ skillopt/model/azure_openai.py at import:
 
 Results are passed in the order reflact uses (sorted by id), so that with the same seed both
 shuffle the same list the same way and form the same minibatches. The wall time of the call is
-written as JSON to --result; the package's own progress lines go to stdout.
+written as JSON to --result; the package's own progress lines go to stdout. With --cells M,L,SEED
+..., it calls run_minibatch_reflect once per cell, one after another in this one process, each
+into its own folder under --patches (a bare loop over a sweep's cells; --result: the total).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def main() -> None:
     parser.add_argument("-M", "--minibatch-size", type=int, default=8)
     parser.add_argument("-L", "--edit-budget", type=int, default=4)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--cells", nargs="+", help="M,L,SEED ...: a loop over these cells instead")
     args = parser.parse_args()
 
     started_process = time.perf_counter()
@@ -55,13 +58,19 @@ def main() -> None:
     results.sort(key=lambda r: str(r["id"]))
     minibatches = record_minibatches(reflect)
     skill = (args.data / "skill.md").read_text(encoding="utf-8")
+    cells = [(args.minibatch_size, args.edit_budget, args.seed, args.patches)]
+    if args.cells:
+        cells = [(*(int(x) for x in text.split(",")), args.patches / text.replace(",", "_"))
+                 for text in args.cells]
     started = time.perf_counter()
-    patches = reflect.run_minibatch_reflect(
-        results, skill, str(args.data / "predictions"), str(args.patches), args.workers, False,
-        minibatch_size=args.minibatch_size, edit_budget=args.edit_budget, random_seed=args.seed,
-        error_system=args.error_template.read_text(encoding="utf-8"),
-        success_system=args.success_template.read_text(encoding="utf-8"),
-    )
+    patches = []
+    for m, l_, seed, folder in cells:
+        patches += reflect.run_minibatch_reflect(
+            results, skill, str(args.data / "predictions"), str(folder), args.workers, False,
+            minibatch_size=m, edit_budget=l_, random_seed=seed,
+            error_system=args.error_template.read_text(encoding="utf-8"),
+            success_system=args.success_template.read_text(encoding="utf-8"),
+        )
     wall = time.perf_counter() - started
     args.result.write_text(json.dumps({
         "wall_s": wall,
