@@ -96,7 +96,7 @@ def settings(run_dirs: list[Path], matcher: str | None, overrides: list[str]) ->
         from omegaconf.errors import OmegaConfBaseException
 
     from reflact.analysis.records import saved_config
-    from reflact.config import _check_analysis, _price, apply_settings, literal, register, typed
+    from reflact.config import apply_settings, check_analysis, literal, read_price, register, typed
 
     register()  # a saved config names shipped files as ${shipped:...}
     saved = next((p / ".hydra" / "config.yaml" for p in run_dirs if (p / ".hydra" / "config.yaml").is_file()), None)
@@ -113,8 +113,8 @@ def settings(run_dirs: list[Path], matcher: str | None, overrides: list[str]) ->
         raise UserError(f"--set: {_first_line(exc)}") from None
     if matcher is not None:
         cfg.analysis.matcher = Matcher(matcher)
-    cfg.optimizer.prices = {m: _price(m, p) for m, p in cfg.optimizer.prices.items()}
-    _check_analysis(cfg)
+    cfg.optimizer.prices = {m: read_price(m, p) for m, p in cfg.optimizer.prices.items()}
+    check_analysis(cfg)
     return cfg
 
 

@@ -5,7 +5,7 @@ params (params) and where the data settings point (paths).
 Every name other modules use is here too, so `from reflact.config import X` names no part.
 """
 
-from reflact.config.checks import _check_analysis, check_threshold, check_traces, validate
+from reflact.config.checks import check_analysis, check_threshold, check_traces, validate
 from reflact.config.compose import (
     ADDED_GROUPS,
     apply_settings,
@@ -18,7 +18,7 @@ from reflact.config.compose import (
 from reflact.config.params import PARAM_MAX_CHARS, param_text, params
 from reflact.config.parts import REUSED, SHAPING, THROUGH_MESSAGES, Parts, Shape, decided, parts, shape
 from reflact.config.paths import dataset_paths
-from reflact.config.prices import _price, how_to_price, priced
+from reflact.config.prices import how_to_price, priced, read_price
 from reflact.config.schema import (
     HALF_PRICE_TIERS,
     TIERS,
@@ -90,8 +90,8 @@ __all__ = [
     "SkillAwareConfig",
     "StructuredOutput",
     "TracesConfig",
-    "_check_analysis",
-    "_price",
+    "check_analysis",
+    "read_price",
     "apply_settings",
     "check_threshold",
     "check_traces",

@@ -16,7 +16,7 @@ from reflact.config.credentials import (
     _refuse_credentials,
     _shown,
 )
-from reflact.config.prices import _price, how_to_price
+from reflact.config.prices import how_to_price, read_price
 from reflact.config.schema import (
     CacheMode,
     DataConfig,
@@ -54,9 +54,9 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     _check_optimizer_urls(cfg.optimizer)
     _check_mlflow(cfg.mlflow)
     _check_registering(cfg)
-    _check_analysis(cfg)
+    check_analysis(cfg)
     _check_optimized_metric(cfg.optimized_metric, cfg.reflect)
-    cfg.optimizer.prices = {model: _price(model, value) for model, value in cfg.optimizer.prices.items()}
+    cfg.optimizer.prices = {model: read_price(model, value) for model, value in cfg.optimizer.prices.items()}
     o = cfg.optimizer
     if o.max_cost_usd is not None and o.model not in o.prices:
         raise UserError(
@@ -71,7 +71,7 @@ def validate(cfg: ReflactConfig) -> ReflactConfig:
     return cfg
 
 
-def _check_analysis(cfg: ReflactConfig) -> None:
+def check_analysis(cfg: ReflactConfig) -> None:
     a, o = cfg.analysis, cfg.optimizer
     check_threshold(a.match_threshold, "analysis.match_threshold")
     _at_least(a.max_items, 0, "analysis.max_items")

@@ -22,7 +22,7 @@ def how_to_price(model: str) -> str:
     )
 
 
-def _price(model: str, value: Any, tier: str = "") -> Price:
+def read_price(model: str, value: Any, tier: str = "") -> Price:
     """A model's price from the config: input, cached_input and output, and optionally a tier's own
     (flex, batch, priority: each the same three amounts)."""
     key = f"optimizer.prices.{model}" + (f".{tier}" if tier else "")
@@ -46,7 +46,7 @@ def _price(model: str, value: Any, tier: str = "") -> Price:
         raise UserError(
             f"{key}: expected {{input, cached_input, output}} as finite, non-negative numbers{named}, got {value!r}"
         ) from None
-    tier_prices = {name: _price(model, own, name) for name, own in tiers.items()}
+    tier_prices = {name: read_price(model, own, name) for name, own in tiers.items()}
     return Price(input=amounts[0], cached_input=amounts[1], output=amounts[2], tiers=tier_prices)
 
 
