@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -311,9 +312,24 @@ def test_the_command_line_starts_its_tracker_before_it_imports_hydra(tmp_path, h
     assert "reflect:" in done.stdout  # the command line went on: the config (or the help) was printed
 
 
-def test_a_spare_pickled_to_another_process_keeps_no_tracker(tmp_path):
-    """A launcher that pickles the job (joblib, submitit, Ray) gives each job its own copy of the
-    spare: it arrives empty, and a tracker handed back to it is stopped, not left idle."""
+# a process a launcher sends jobs to: each job's spare arrives pickled; the first job there gives
+# its tracker back, the second takes it
+_WORKER_PROBE = """
+import pickle, subprocess, sys
+with open(sys.argv[1], "rb") as f:
+    sent = f.read()
+first, second = pickle.loads(sent), pickle.loads(sent)
+idle = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+first.give(idle)
+print(first is second, second.take() is idle, second.take() is None)
+idle.kill()
+"""
+
+
+def test_a_spare_pickled_to_another_process_is_that_process_s_own(tmp_path):
+    """A launcher that pickles jobs to its workers (joblib, Ray) sends no tracker with them: every
+    job there gets the worker's own spare, so a tracker one job gave back is the next job's; the
+    launching process keeps its own."""
     import pickle
 
     from reflact.tracking.process import SpareTracker
@@ -321,14 +337,53 @@ def test_a_spare_pickled_to_another_process_keeps_no_tracker(tmp_path):
     home = SpareTracker()
     idle = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     home.give(idle)
-    travelled = pickle.loads(pickle.dumps(home))
-    assert travelled.take() is None
-    assert home.take() is idle and idle.poll() is None
-    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    travelled.give(other)
-    assert other.wait(timeout=10) is not None and travelled.take() is None
+    (tmp_path / "spare.pickle").write_bytes(pickle.dumps(home))
+    done = subprocess.run([sys.executable, "-c", _WORKER_PROBE, str(tmp_path / "spare.pickle")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["True", "True", "True"], done.stderr[-3000:]
+    assert home.take() is idle and idle.poll() is None  # the worker never saw this process's tracker
     idle.kill()
     idle.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
+def test_a_joblib_worker_hands_its_idle_tracker_to_its_next_job(tmp_path, server, migrated_store):
+    """Four jobs on joblib's two workers start two tracker processes, not four: each worker's
+    next job takes the tracker its last one gave back (mlflow imported and the store opened once
+    per worker). Every job's MLflow run still ends FINISHED with one trace per request, and no
+    tracker is left once the sweep returned."""
+    from mlflow.tracking import MlflowClient
+
+    mark = f"reflact-test-{uuid.uuid4().hex}"
+    data = write_dataset(tmp_path / "data", n_fail=2, n_succ=2)
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "mlflow.db").write_bytes(migrated_store.read_bytes())
+    args = ["-m", f"data.dir={data}", "optimizer=compatible", f"optimizer.base_url={server.base_url}",
+            "optimizer.model=test", "reflect.edit_budget=1,2,3,4", "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2"]
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "REFLACT_TEST_MARK": mark}
+    sweep = subprocess.Popen([sys.executable, "-m", "reflact.run", *args], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: set[int] = set()
+    while sweep.poll() is None:  # a tracker lives for seconds at least (it imports mlflow)
+        seen.update(_trackers_marked(mark))
+        time.sleep(0.05)
+    _, stderr = sweep.communicate()
+    assert sweep.returncode == 0, stderr[-3000:]
+    assert 1 <= len(seen) <= 2, seen
+    deadline = time.monotonic() + 10
+    while _trackers_marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _trackers_marked(mark) == []
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("reflact")
+    children = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
+    assert len(children) == 4
+    for run in children:
+        assert run.info.status == "FINISHED"
+        traces = client.search_traces(locations=[experiment.experiment_id], run_id=run.info.run_id, max_results=100)
+        assert len(traces) == run.data.metrics["calls"] == 2
 
 
 def test_the_tracker_opens_a_local_store_before_the_run_starts_writing(tmp_path):

@@ -12,6 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -104,16 +105,18 @@ def end(proc: subprocess.Popen) -> None:
 
 
 class SpareTracker:
-    """This process's idle tracker process, for its next run. The command line starts one before
-    it imports Hydra, so that it imports mlflow beside the run's whole start; a run whose tracker
-    ended cleanly gives it back, so the next job of a sweep in this process (Hydra's basic
-    launcher) finds mlflow imported and its store open. One left idle at the end (MLflow off,
-    `--cfg`, a mistake, the last job) is stopped (`discard`). It stays in its process: a launcher
-    that pickles the job to run it elsewhere sends an empty one."""
+    """A process's idle tracker process, for its next run. The command line starts one before it
+    imports Hydra, so that it imports mlflow beside the run's whole start; a run whose tracker
+    ended cleanly gives it back, so the next job of a sweep in this process finds mlflow imported
+    and its store open. One left idle at the end (MLflow off, `--cfg`, a mistake, the last job) is
+    stopped (`discard`). A launcher that pickles the job to run it in another process (joblib's
+    workers, Ray's) sends no tracker: the job takes that process's own spare (`of_this_process`),
+    which its next jobs there share, so a worker imports mlflow once, not once per job; one left
+    idle there ends with the worker (its stdin closes)."""
 
     def __init__(self, process: subprocess.Popen | None = None) -> None:
         self._proc = process
-        self._home = True  # False in a copy a launcher pickled to another process
+        self._lock = threading.Lock()  # jobs of a threaded launcher share the process's spare
 
     @classmethod
     def started(cls) -> SpareTracker:
@@ -123,15 +126,17 @@ class SpareTracker:
             return cls()
 
     def take(self) -> subprocess.Popen | None:
-        proc, self._proc = self._proc, None
+        with self._lock:
+            proc, self._proc = self._proc, None
         return proc
 
     def give(self, process: subprocess.Popen) -> None:
-        """Keeps `process`, idle, for the next run; one it cannot keep is stopped (a copy in another
-        process has no next run: each job there gets a copy of its own)."""
-        if self._home and self._proc is None:
-            self._proc = process
-        else:
+        """Keeps `process`, idle, for the next run; with one kept already, `process` is stopped."""
+        with self._lock:
+            kept = self._proc is None
+            if kept:
+                self._proc = process
+        if not kept:
             end(process)
 
     def discard(self) -> None:
@@ -139,5 +144,17 @@ class SpareTracker:
         if proc is not None:
             end(proc)
 
-    def __getstate__(self) -> dict:
-        return {"_proc": None, "_home": False}
+    def __reduce__(self):
+        return (of_this_process, ())
+
+
+# the spare of each process that runs jobs pickled to it, by process id: a process forked from
+# one must not write to its parent's tracker
+_OF_PROCESS: dict[int, SpareTracker] = {}
+_LOCK = threading.Lock()
+
+
+def of_this_process() -> SpareTracker:
+    """The spare of the process a launcher sent a job to, one for all its jobs there."""
+    with _LOCK:
+        return _OF_PROCESS.setdefault(os.getpid(), SpareTracker())
