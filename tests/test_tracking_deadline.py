@@ -371,8 +371,8 @@ def test_a_joblib_worker_hands_its_idle_tracker_to_its_next_job(tmp_path, server
         time.sleep(0.05)
     _, stderr = sweep.communicate()
     assert sweep.returncode == 0, stderr[-3000:]
-    # two when every hand-over succeeds; on a loaded machine a tracker that missed its end's
-    # deadline is stopped and the worker's next job starts one (seen once in CI): fewer than one per job
+    # two when every hand-over succeeds; CI once saw three (a loaded machine; not explained: a tracker
+    # that missed its end's bound is stopped, and loky may replace a worker): fewer than one per job
     assert 1 <= len(seen) < 4, seen
     deadline = time.monotonic() + 10
     while _trackers_marked(mark) and time.monotonic() < deadline:
