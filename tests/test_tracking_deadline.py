@@ -255,6 +255,15 @@ def _trackers_marked(mark: str) -> list[int]:
     return found
 
 
+def _no_tracker_left(mark: str, timeout_s: float = 10.0) -> bool:
+    """No tracker of this test alive within `timeout_s`: one stopped at the end is not waited
+    for, so it is gone once the kernel tore it down."""
+    deadline = time.monotonic() + timeout_s
+    while _trackers_marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _trackers_marked(mark) == []
+
+
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
 @pytest.mark.parametrize(
     "how",
@@ -278,11 +287,7 @@ def test_the_command_line_leaves_no_tracker_process_behind(tmp_path, server, how
     done = run_cli(*args, cwd=tmp_path, env={"REFLACT_TEST_MARK": mark})
     assert done.returncode in (0, 2), done.stderr[-3000:]
     assert "Traceback" not in done.stderr
-    # a tracker stopped at the end is not waited for: it is gone once the kernel tore it down
-    deadline = time.monotonic() + 10
-    while _trackers_marked(mark) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _trackers_marked(mark) == []
+    assert _no_tracker_left(mark)
 
 
 # the command line with the tracker's start replaced by a note of what was imported by then
@@ -374,10 +379,7 @@ def test_a_joblib_worker_hands_its_idle_tracker_to_its_next_job(tmp_path, server
     # two when every hand-over succeeds; CI once saw three (a loaded machine; not explained: a tracker
     # that missed its end's bound is stopped, and loky may replace a worker): fewer than one per job
     assert 1 <= len(seen) < 4, seen
-    deadline = time.monotonic() + 10
-    while _trackers_marked(mark) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _trackers_marked(mark) == []
+    assert _no_tracker_left(mark)
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("reflact")
     children = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
