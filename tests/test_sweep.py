@@ -637,3 +637,25 @@ def test_a_sweep_dir_made_before_keeps_no_unchanging_setting_against_a_rerun(tmp
                           "swept": swept})
     check_identity(sweep, fixed, swept)
     assert "optimizer.api_key_env" not in sweep.identity()["fixed"]
+
+
+def test_the_sweep_callback_sent_to_a_launcher_s_worker_carries_no_store(launch_dir, tmp_path):
+    """joblib and Ray pickle Hydra's callbacks to every worker (their jobs' on_job_end): the sweep's
+    callback goes there without the parent's open store, so a worker imports no mlflow before its
+    first job (seconds of CPU each, beside the jobs' own start); the launching process keeps it."""
+    import pickle
+
+    from reflact.sweeps.sweep import MlflowSweep
+    from reflact.tracking.store import Store
+
+    sweep = MlflowSweep()
+    store = Store(f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}", "sweeps", launch_dir)
+    sweep._open = (store, SweepDir(tmp_path / "sweep"))
+    sweep._started = True
+    (tmp_path / "callback.pickle").write_bytes(pickle.dumps(sweep))
+    probe = ("import pickle, sys; c = pickle.loads(open(sys.argv[1], 'rb').read()); "
+             "print(c._open is None, c._started, 'mlflow' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "callback.pickle")],
+                          capture_output=True, text=True, timeout=120, cwd=PROJECT)
+    assert done.stdout.split() == ["True", "True", "False"], done.stderr[-3000:]
+    assert sweep._open[0] is store  # pickling took nothing from the sweep that holds the parent

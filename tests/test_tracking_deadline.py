@@ -419,3 +419,20 @@ def test_the_tracker_opens_a_local_store_before_the_run_starts_writing(tmp_path)
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.skipif(not hasattr(os, "getsid"), reason="POSIX sessions")
+def test_the_tracker_shares_the_run_s_session_in_a_process_group_of_its_own():
+    """A terminal's Ctrl-C reaches the foreground process group only: the tracker's own group keeps
+    it out (the run ends its MLflow run through the pipe). It stays in the run's session: Linux
+    shares CPU between sessions first, so a tracker in a session of its own takes as much CPU as
+    all of a sweep's jobs together on a busy machine."""
+    from reflact.tracking import process
+
+    proc = process.spawn()
+    try:
+        assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0)
+        assert os.getsid(proc.pid) == os.getsid(0)
+    finally:
+        process.end(proc)
+        proc.wait()

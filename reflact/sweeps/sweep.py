@@ -39,6 +39,12 @@ class MlflowSweep(Callback):
         # Hydra 1.4 calls on_multirun_end after an on_multirun_start that ended on a mistake too
         self._started = False
 
+    def __getstate__(self) -> dict:
+        # a launcher's worker (joblib's, Ray's) gets this callback for on_job_end, which needs none
+        # of the parent's store: sent along, it would make each worker import mlflow (seconds of
+        # CPU) before its first job could start
+        return {**self.__dict__, "_open": None}
+
     @exits_on_user_error  # a mismatch ends the sweep with one line and exit 2 (Hydra only warns)
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         sweep_dir, launch_dir = _where(config)

@@ -386,6 +386,8 @@ class _ToParent(logging.Handler):
 def main() -> int:
     # the parent ends this process (a terminal's Ctrl-C is the parent's to handle)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # not the terminal's foreground group: a line to stderr must not stop it (`stty tostop`)
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     # one try per request, bounded: the backoff here retries, and the run's deadline bounds it all
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
