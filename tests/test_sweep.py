@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -659,3 +660,67 @@ def test_the_sweep_callback_sent_to_a_launcher_s_worker_carries_no_store(launch_
                           capture_output=True, text=True, timeout=120, cwd=PROJECT)
     assert done.stdout.split() == ["True", "True", "False"], done.stderr[-3000:]
     assert sweep._open[0] is store  # pickling took nothing from the sweep that holds the parent
+
+
+def test_jobs_wait_for_the_parent_run_while_it_is_opened_beside_them(tmp_path):
+    """While the parent run is opened beside the jobs, a job's tracker reads no earlier sweep's
+    record: it waits for the new one, bounded; once the opening ended (a failed one too: the earlier
+    record is back) it reads at once what there is."""
+    import threading
+
+    sweep = SweepDir(tmp_path)
+    earlier = {"run_id": "earlier", "tracking_uri": "sqlite:///x.db", "sweep_id": "outputs/sweeps/x"}
+    sweep.write_parent_record(earlier)
+    sweep.set_parent_aside()
+    assert sweep.parent_record() == {} and sweep.parent_set_aside() == earlier
+    started = time.monotonic()
+    assert sweep.parent_record(wait_s=0.3) == {}  # bounded: the job's run is then one of its own
+    assert time.monotonic() - started >= 0.3
+    new = {**earlier, "run_id": "new"}
+    writer = threading.Timer(0.3, sweep.write_parent_record, [new])
+    writer.start()
+    assert sweep.parent_record(wait_s=60) == new
+    writer.join()
+    sweep.parent_settled()
+    assert sweep.parent_record() == new and sweep.parent_set_aside() == {}
+    sweep.set_parent_aside()  # an opening that fails gives the earlier record back
+    sweep.parent_settled()
+    started = time.monotonic()
+    assert sweep.parent_record(wait_s=60) == new
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_outright_still_ends_its_parent_run(tmp_path, launch_dir):
+    """SIGKILL leaves the launching process no exit handler: the parent's keeper, a process of its
+    own, then ends the parent run (FAILED: its job unfinished) rather than leave it RUNNING."""
+    from mlflow.tracking import MlflowClient
+
+    data = write_dataset(tmp_path / "data", n_fail=2, n_succ=0)
+    sweep_dir = launch_dir / "outputs" / "sweeps" / "killed"
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("OPENAI_API_KEY", None)
+    with OptimizerServer(script=lambda request, number: Response(body={}, delay_s=600)) as server:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "reflact.run", "-m", f"data.dir={data}", "optimizer=compatible",
+             f"optimizer.base_url={server.base_url}", "optimizer.model=test", "name=killed",
+             "reflect.seed=1,2"],
+            cwd=launch_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            while not (server.count and SweepDir(sweep_dir).parent_record()):
+                assert proc.poll() is None and time.monotonic() < deadline, "no request and parent within 120 s"
+                time.sleep(0.05)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        client = MlflowClient(tracking_uri=f"sqlite:///{launch_dir / 'outputs' / 'mlflow.db'}")
+        parent = SweepDir(sweep_dir).parent_record()["run_id"]
+        deadline = time.monotonic() + 120
+        while client.get_run(parent).info.status == "RUNNING":
+            assert time.monotonic() < deadline, "the parent run was left RUNNING"
+            time.sleep(0.2)
+    assert client.get_run(parent).info.status in ("FAILED", "KILLED")  # KILLED once the job's tracker said it was

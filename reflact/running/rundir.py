@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -520,10 +521,21 @@ class BatchFiles:
         return self.folder / name if re.fullmatch(r"input_\d{3,}\.jsonl", name) else None
 
 
+PARENT_RECORD = "mlflow_parent.json"
+
+
+def _parent(path: Path) -> dict:
+    record = _object(read_json(path)) or {}
+    whole = all(isinstance(record.get(key), str) and record[key] for key in ("run_id", "tracking_uri", "sweep_id"))
+    return record if whole else {}
+
+
 class SweepDir:
     """A multirun's folder: its jobs' run dirs, plus
 
     mlflow_parent.json   the sweep's MLflow parent run
+    mlflow_parent.opening  while the parent run is being opened beside the jobs: the record
+                         before (its run may be the one taken up again); jobs wait for the new one
     sweep.json           the settings its jobs share (and those they sweep)
     batch/               with optimizer.execution=batch: the batch of all its jobs (BatchFiles)
     failed_jobs/<n>.json each job of the latest multirun that failed: its number, overrides,
@@ -535,19 +547,45 @@ class SweepDir:
         self.root = Path(root)
         self.report = self.root / "report"
         self._failed = self.root / "failed_jobs"
+        self._opening = self.root / "mlflow_parent.opening"
 
     def batch_files(self) -> BatchFiles:
         return BatchFiles(self.root)
 
-    def parent_record(self) -> dict:
+    def parent_record(self, wait_s: float = 0.0) -> dict:
         """The sweep's parent run (run_id, tracking_uri, sweep_id), or {} when there is none or its
-        record is damaged (a job's run is then one of its own)."""
-        record = _object(read_json(self.root / "mlflow_parent.json")) or {}
-        whole = all(isinstance(record.get(key), str) and record[key] for key in ("run_id", "tracking_uri", "sweep_id"))
-        return record if whole else {}
+        record is damaged (a job's run is then one of its own). While the parent is being opened
+        (`set_parent_aside`), waits for it up to `wait_s`."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            record = _parent(self.root / PARENT_RECORD)
+            if record or not self._opening.exists() or time.monotonic() >= deadline:
+                return record
+            time.sleep(0.05)
 
     def write_parent_record(self, record: dict) -> None:
-        write_json(self.root / "mlflow_parent.json", record)
+        write_json(self.root / PARENT_RECORD, record)
+        self._opening.unlink(missing_ok=True)
+
+    def set_parent_aside(self) -> None:
+        """The parent run is being opened: its record moves aside (the run opening it may take its
+        run up again) and the jobs wait for the new one (parent_record)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(self.root / PARENT_RECORD, self._opening)
+        if not self._opening.exists():
+            write_json(self._opening, {})
+
+    def parent_set_aside(self) -> dict:
+        """The record set aside while the parent is being opened ({} when none)."""
+        return _parent(self._opening)
+
+    def parent_settled(self) -> None:
+        """The opening ended (a failure too): a record set aside is back unless a new one replaced it."""
+        with contextlib.suppress(FileNotFoundError):
+            if (self.root / PARENT_RECORD).exists():
+                self._opening.unlink()
+            else:
+                os.replace(self._opening, self.root / PARENT_RECORD)
 
     def identity(self) -> dict:
         return _object(read_json(self.root / "sweep.json")) or {}
@@ -574,7 +612,7 @@ class SweepDir:
         return [] if self._failed.is_symlink() else list(self._failed.glob("*.json"))
 
     def is_sweep(self) -> bool:
-        return (self.root / "sweep.json").is_file() or (self.root / "mlflow_parent.json").is_file()
+        return (self.root / "sweep.json").is_file() or (self.root / PARENT_RECORD).is_file()
 
     def runs(self) -> list[RunDir]:
         """Its jobs' run dirs that got as far as their summary, by path."""

@@ -244,6 +244,14 @@ def _pictures(
     return paths
 
 
+def load_drawing() -> None:
+    """Imports what drawing the pictures takes (~0.5 s, with the font list), for a process that
+    only waits for the sweep's end until then (reflact.sweeps.keeper)."""
+    with one_at_a_time():
+        from matplotlib.backends import backend_agg  # noqa: F401
+        from matplotlib.figure import Figure  # noqa: F401
+
+
 def _heatmap(fig, ax, cells: list[dict], metric: str) -> None:
     ms, ls = sorted({r["M"] for r in cells}), sorted({r["L"] for r in cells})
     grid = [[float("nan")] * len(ls) for _ in ms]

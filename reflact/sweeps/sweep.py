@@ -1,10 +1,12 @@
-"""A multirun as one MLflow group: a parent run per sweep, opened before the jobs start and ended
+"""A multirun as one MLflow group: a parent run per sweep, opened as the jobs start and ended
 with them, FINISHED, FAILED or KILLED, never left RUNNING.
 
 Hydra runs this callback in the launching process. The sweep dir remembers the settings its jobs
 share: a later sweep into the same dir with other fixed settings (data, model, mode, templates...)
-is refused, so a sweep's runs and its grid report never mix them. Opening the parent also creates
-the experiment, which migrates a fresh sqlite store once, before parallel jobs could race on it.
+is refused, so a sweep's runs and its grid report never mix them. The parent is opened and ended
+by a process forked from the launching one (reflact.sweeps.keeper), so that the jobs need not wait
+for mlflow's import; a sweep that waits for its batch, or nests under `mlflow.parent_run_id`, opens
+it here first. (A fresh sqlite store is migrated once, under its lock, by whoever opens it first.)
 Hydra only warns when a callback raises an Exception, so jobs do not rely on the parent: each
 also carries the sweep id as a tag, and `python -m reflact.report` groups by that tag.
 
@@ -28,6 +30,7 @@ from reflact.core.imports import one_at_a_time
 from reflact.core.text import one_line
 from reflact.running.newdir import unusable
 from reflact.running.rundir import SweepDir
+from reflact.sweeps.keeper import Keeper, can_fork, keep
 from reflact.tracking.store import now_ms
 
 log = logging.getLogger("reflact")
@@ -36,6 +39,7 @@ log = logging.getLogger("reflact")
 class MlflowSweep(Callback):
     def __init__(self) -> None:
         self._open: tuple | None = None  # (store, sweep dir) while the parent is RUNNING
+        self._keeper: Keeper | None = None  # the process keeping the parent beside the jobs
         # Hydra 1.4 calls on_multirun_end after an on_multirun_start that ended on a mistake too
         self._started = False
 
@@ -43,7 +47,7 @@ class MlflowSweep(Callback):
         # a launcher's worker (joblib's, Ray's) gets this callback for on_job_end, which needs none
         # of the parent's store: sent along, it would make each worker import mlflow (seconds of
         # CPU) before its first job could start
-        return {**self.__dict__, "_open": None}
+        return {**self.__dict__, "_open": None, "_keeper": None}
 
     @exits_on_user_error  # a mismatch ends the sweep with one line and exit 2 (Hydra only warns)
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
@@ -55,47 +59,49 @@ class MlflowSweep(Callback):
         if batching is not None:  # over the cap, no Batch API: one line, nothing uploaded, no parent run
             batching.check()
             batching.first()
-        if config.mlflow.enabled:
+        if config.mlflow.enabled and batching is None and not config.mlflow.parent_run_id and can_fork():
+            self._keep_parent(config, sweep_dir, launch_dir, fixed, swept)
+        elif config.mlflow.enabled:  # a batch shows on the parent as the sweep waits for it; a given
+            # parent run that is no run is a mistake to refuse before any job: opened here, first
             self._start_parent(config, sweep_dir, launch_dir, fixed, swept)
         self._started = True
         if batching is not None:
             self._batch(batching)
 
     def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
-        """Runs where the job ran (in a launcher's worker too). A job that failed as a run or on a
-        mistake (JobFailed, its line printed) is recorded in the sweep dir and handed back as
-        completed, its failure as its value: a sweeper raises a failed job's exception when it
-        reads the value (after the batch, or at once), which would end the sweep; Optuna still
-        counts the trial failed (the value is no number). A bug keeps Hydra's way: its traceback."""
-        with one_at_a_time():
-            from hydra.core.utils import JobStatus
-
-        failure = job_return._return_value  # the public property raises it
-        if job_return.status != JobStatus.FAILED or not isinstance(failure, JobFailed):
-            return
-        SweepDir(Path(config.hydra.sweep.dir).resolve()).write_failed_job(
-            int(config.hydra.job.num),
-            {
-                "overrides": list(config.hydra.overrides.task),
-                "run_dir": config.hydra.runtime.output_dir,
-                "reason": str(failure),
-            },
-        )
-        job_return.status = JobStatus.COMPLETED
-        job_return.return_value = failure
+        """Runs where the job ran (in a launcher's worker too): a failed job is recorded."""
+        record_failed_job(config, job_return)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         if not self._started:  # its one line is printed: nothing ran
             return
         sweep = SweepDir(_where(config)[0])
         failed = sweep.failed_jobs()
-        missing = self._end_parent(config, sweep, bool(failed)) if config.mlflow.enabled else ""
+        missing = self._ended(config, sweep, bool(failed)) if config.mlflow.enabled else ""
         if failed:
             print(f"reflact: sweep failed: {failed_jobs_line(failed, sweep)}", file=sys.stderr)
         if missing:  # the last line: what MLflow lacks, and the one command that writes it
             print(f"reflact: sweep {sweep.root}: {missing}", file=sys.stderr)
         if failed:
             raise SystemExit(1)  # not an Exception: Hydra would only warn
+
+    def _keep_parent(self, config: DictConfig, sweep_dir: Path, launch_dir: Path, fixed: dict, swept: dict) -> None:
+        from reflact.sweeps.grid_report import load_drawing
+
+        def opening() -> None:
+            self._start_parent(config, sweep_dir, launch_dir, fixed, swept)
+            load_drawing()  # the keeper waits for the sweep's end anyway: the report then draws at once
+
+        self._keeper = keep(
+            SweepDir(sweep_dir), opening, lambda failed: self._end_parent(config, SweepDir(sweep_dir), failed)
+        )
+        atexit.register(self._end_if_open)  # a sweep that aborts (a failed job, Ctrl-C) still ends its parent
+
+    def _ended(self, config: DictConfig, sweep: SweepDir, failed: bool) -> str:
+        """Ends the parent, here or through its keeper; returns what MLflow lacks of the sweep."""
+        keeper, self._keeper = self._keeper, None
+        missing = keeper.end(failed) if keeper is not None else None
+        return missing if missing is not None else self._end_parent(config, sweep, failed)
 
     def _end_parent(self, config: DictConfig, sweep: SweepDir, failed: bool) -> str:
         """Ends the parent run with the status and counts of its job dirs and the grid report;
@@ -160,6 +166,9 @@ class MlflowSweep(Callback):
         raise SystemExit(1 if stop.fault else 0)
 
     def _end_if_open(self) -> None:
+        if self._keeper is not None:
+            keeper, self._keeper = self._keeper, None
+            keeper.end(failed=True)
         if self._open is not None:
             from reflact.sweeps.jobs import sweep_jobs
 
@@ -176,6 +185,30 @@ class MlflowSweep(Callback):
         store.end(status, now_ms())
 
 
+def record_failed_job(config: DictConfig, job_return) -> None:
+    """A job that failed as a run or on a mistake (JobFailed, its line printed) is recorded in the
+    sweep dir and handed back as completed, its failure as its value: a sweeper raises a failed
+    job's exception when it reads the value (after the batch, or at once), which would end the
+    sweep; Optuna still counts the trial failed (the value is no number). A bug keeps Hydra's way:
+    its traceback."""
+    with one_at_a_time():
+        from hydra.core.utils import JobStatus
+
+    failure = job_return._return_value  # the public property raises it
+    if job_return.status != JobStatus.FAILED or not isinstance(failure, JobFailed):
+        return
+    SweepDir(Path(config.hydra.sweep.dir).resolve()).write_failed_job(
+        int(config.hydra.job.num),
+        {
+            "overrides": list(config.hydra.overrides.task),
+            "run_dir": config.hydra.runtime.output_dir,
+            "reason": str(failure),
+        },
+    )
+    job_return.status = JobStatus.COMPLETED
+    job_return.return_value = failure
+
+
 def open_parent(
     store, sweep: SweepDir, launch_dir: Path, name: str, params: dict[str, str], parent: str | None = None
 ) -> None:
@@ -183,7 +216,7 @@ def open_parent(
     names when that is still there (the same sweep again), else a new one, named in the dir."""
     from reflact.tracking.store import sweep_id
 
-    known = sweep.parent_record()
+    known = sweep.parent_record() or sweep.parent_set_aside()
     if known.get("tracking_uri") == store.uri and _alive(store, known["run_id"]):
         store.run_id = known["run_id"]
         store.client.update_run(store.run_id, status="RUNNING")

@@ -16,6 +16,10 @@ from reflact.running.rundir import SweepDir
 from reflact.tracking.process import RunContext
 
 PARENT_TAG = "mlflow.parentRunId"
+# how long a job's tracker waits for the sweep's parent run while it is opened beside the jobs
+# (reflact.sweeps.keeper; a fresh sqlite store is migrated first); after it the job's run is one
+# of its own, as when the parent could not be opened
+PARENT_WAIT_S = 120.0
 
 
 def under_active_run(m: MlflowConfig) -> None:
@@ -49,10 +53,10 @@ def check_parent(m: MlflowConfig, uri: str) -> None:
 
 
 def parent_of(uri: str, c: RunContext) -> str:
-    """The run a run is a child of: its sweep's parent run (when in the same store), else
-    mlflow.parent_run_id ("" if none)."""
+    """The run a run is a child of: its sweep's parent run (when in the same store; waited for
+    while it is being opened beside the jobs), else mlflow.parent_run_id ("" if none)."""
     if c.sweep_dir is not None:
-        parent = SweepDir(c.sweep_dir).parent_record()
+        parent = SweepDir(c.sweep_dir).parent_record(wait_s=PARENT_WAIT_S)
         return str(parent["run_id"]) if parent.get("tracking_uri") == uri else ""
     return c.mlflow.parent_run_id or ""
 
