@@ -131,3 +131,30 @@ def test_an_end_slow_to_come_holds_the_last_metrics_back_from_the_live_view_for_
         feed.close()
     assert [w[1:] for w in feed.writes] == [("traces", ["a"]), ("log", ["a"]), ("end", [])]  # nothing twice
     assert feed.answers[-1] == {"done": ""}
+
+
+def test_a_trace_mlflows_tracer_lost_is_written_again_from_the_run_dir_at_the_end(tmp_path, monkeypatch):
+    """Once traced, a request leaves the tracker's memory (its record is in the run dir's
+    traces.jsonl, written before the tracker sees it), so a long run holds none of the prompts it
+    sent; at the end, a request whose trace MLflow's tracer dropped is traced again from there."""
+    from reflact.running.rundir import RunDir, append_trace, trace_record
+
+    (tmp_path / "run").mkdir()
+    run_dir = RunDir(tmp_path / "run")
+    events = [Replied(tag, 1, [{"role": "user", "content": tag}], None, "failed")
+              for tag in ("minibatch_fail_000", "minibatch_fail_001")]
+    for event in events:
+        append_trace(run_dir, trace_record(event))
+    context = SimpleNamespace(mlflow=SimpleNamespace(trace_calls=True), optimizer=SimpleNamespace(model="m"),
+                              run_dir=run_dir)
+    tracker = Tracker(context, "sqlite:///unused.db", lambda message: None)  # type: ignore[arg-type]
+    tracker.mirror = RecordedMirror()  # type: ignore[assignment]
+    tracker.mirror.store.tracer_used = True  # type: ignore[union-attr]
+    for event in events:
+        tracker.add(event)
+    tracker.flush()
+    assert tracker.replied == []
+    monkeypatch.setattr(worker, "traced_requests", lambda store: {("minibatch_fail_000", "1")})
+    assert tracker.end(End(None, "FINISHED", "", 5.0, 0)) == ""
+    assert [w[1:] for w in tracker.mirror.store.writes] == [  # type: ignore[union-attr]
+        ("traces", ["minibatch_fail_000", "minibatch_fail_001"]), ("traces", ["minibatch_fail_001"]), ("end", [])]

@@ -90,7 +90,9 @@ class Tracker:
     mirror: Mirror | None = None
     pending: list = field(default_factory=list)  # events not written yet (traces excepted)
     unwritten: Batch = field(default_factory=Batch)  # the pending events' metrics and files, once counted
-    replied: list = field(default_factory=list)  # every request, for the traces
+    # the requests not traced yet: a traced one is dropped (its record stays in the run dir's
+    # traces.jsonl), so a long run does not hold every prompt it sent
+    replied: list = field(default_factory=list)
     traced: set = field(default_factory=set)  # (tag, number) sent as traces
     reused: set = field(default_factory=set)  # reused minibatches whose recorded requests are still to trace
     records: TraceRecords | None = None  # the run dir's trace records, read once a minibatch is reused
@@ -142,6 +144,7 @@ class Tracker:
             new = [event for event in self.replied if (event.tag, event.number) not in self.traced]
             self.mirror.store.traces(new, self.context.optimizer.model)
             self.traced.update((event.tag, event.number) for event in new)
+            self.replied = []
         if self.pending:
             self.unwritten.extend(self.mirror.batch(self.pending))
             self.pending = []
@@ -209,7 +212,13 @@ class Tracker:
     def _resend_lost_traces(self) -> None:
         assert self.mirror is not None
         present = traced_requests(self.mirror.store)
-        lost = [event for event in self.replied if (event.tag, str(event.number)) not in present]
+        records = TraceRecords(self.context.run_dir)  # read afresh: every request of the run is there now
+        recorded = recorded_requests(records.of(), records.path)
+        lost = [
+            event
+            for event in recorded
+            if (event.tag, event.number) in self.traced and (event.tag, str(event.number)) not in present
+        ]
         self.mirror.store.traces(lost, self.context.optimizer.model)
 
 
