@@ -565,7 +565,6 @@ class SweepDir:
 
     def write_parent_record(self, record: dict) -> None:
         write_json(self.root / PARENT_RECORD, record)
-        self._opening.unlink(missing_ok=True)
 
     def set_parent_aside(self) -> None:
         """The parent run is being opened: its record moves aside (the run opening it may take its

@@ -92,16 +92,19 @@ class MlflowSweep(Callback):
             self._start_parent(config, sweep_dir, launch_dir, fixed, swept)
             load_drawing()  # the keeper waits for the sweep's end anyway: the report then draws at once
 
-        self._keeper = keep(
-            SweepDir(sweep_dir), opening, lambda failed: self._end_parent(config, SweepDir(sweep_dir), failed)
-        )
+        sweep = SweepDir(sweep_dir)
+        self._keeper = keep(sweep, opening, lambda failed: self._end_parent(config, sweep, failed))
         atexit.register(self._end_if_open)  # a sweep that aborts (a failed job, Ctrl-C) still ends its parent
 
     def _ended(self, config: DictConfig, sweep: SweepDir, failed: bool) -> str:
         """Ends the parent, here or through its keeper; returns what MLflow lacks of the sweep."""
-        keeper, self._keeper = self._keeper, None
-        missing = keeper.end(failed) if keeper is not None else None
+        missing = self._end_kept(failed)
         return missing if missing is not None else self._end_parent(config, sweep, failed)
+
+    def _end_kept(self, failed: bool) -> str | None:
+        """The keeper's answer once it ended the parent; None without a keeper (or one that died)."""
+        keeper, self._keeper = self._keeper, None
+        return keeper.end(failed) if keeper is not None else None
 
     def _end_parent(self, config: DictConfig, sweep: SweepDir, failed: bool) -> str:
         """Ends the parent run with the status and counts of its job dirs and the grid report;
@@ -166,9 +169,7 @@ class MlflowSweep(Callback):
         raise SystemExit(1 if stop.fault else 0)
 
     def _end_if_open(self) -> None:
-        if self._keeper is not None:
-            keeper, self._keeper = self._keeper, None
-            keeper.end(failed=True)
+        self._end_kept(failed=True)
         if self._open is not None:
             from reflact.sweeps.jobs import sweep_jobs
 

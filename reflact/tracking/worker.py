@@ -212,14 +212,12 @@ class Tracker:
     def _resend_lost_traces(self) -> None:
         assert self.mirror is not None
         present = traced_requests(self.mirror.store)
+        lost = {(tag, number) for tag, number in self.traced if (tag, str(number)) not in present}
+        if not lost:
+            return
         records = TraceRecords(self.context.run_dir)  # read afresh: every request of the run is there now
-        recorded = recorded_requests(records.of(), records.path)
-        lost = [
-            event
-            for event in recorded
-            if (event.tag, event.number) in self.traced and (event.tag, str(event.number)) not in present
-        ]
-        self.mirror.store.traces(lost, self.context.optimizer.model)
+        recorded = recorded_requests(records.of({tag for tag, _ in lost}), records.path)
+        self.mirror.store.traces([e for e in recorded if (e.tag, e.number) in lost], self.context.optimizer.model)
 
 
 # the client's calls that return although their write failed: MLflow's tracer exports the trace
