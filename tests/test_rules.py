@@ -10,6 +10,7 @@ import math
 import random
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -539,7 +540,11 @@ def test_every_count_of_the_summary_has_its_own_known_value(tmp_path, server):
     assert records["minibatch_fail_005"]["spent_usd"] == 0 and records["minibatch_fail_005"]["cost_usd"] > 0
 
 
-def test_a_dry_run_counts_its_minibatches_as_dry_run_and_spends_nothing(tmp_path):
+def test_a_dry_run_counts_its_minibatches_as_dry_run_and_spends_nothing(tmp_path, monkeypatch):
+    import reflact.running.ask as ask
+
+    clock = iter(range(10**6))  # a slow machine: the asker's every reading a second later
+    monkeypatch.setattr(ask, "time", SimpleNamespace(monotonic=lambda: float(next(clock))))
     data = write_dataset(tmp_path / "d", n_fail=2, n_succ=5, missing=2)
     cfg = make_config(f"data.dir={data}", "optimizer=dry_run", "optimizer.model=test", "reflect.minibatch_size=2",
                       "+optimizer.prices.test={input:1,cached_input:0,output:2}", "mlflow.enabled=false")
@@ -549,6 +554,8 @@ def test_a_dry_run_counts_its_minibatches_as_dry_run_and_spends_nothing(tmp_path
     assert (c["calls"], c["cache_hits"], c["spent_usd"], c["edits_proposed"]) == (0, 0, 0, 0)
     assert c["tokens_completion"] == 3 * 1500 and c["tokens_prompt"] > 0
     assert c["cost_usd"] == pytest.approx((c["tokens_prompt"] * 1 + c["tokens_completion"] * 2) / 1e6, abs=1e-6)
+    # nothing was sent, so nothing was timed: two dry runs write the same outcomes
+    assert {json.loads(p.read_text())["latency_s"] for p in (tmp_path / "run" / "calls").glob("*/outcome.json")} == {0}
 
 
 def test_a_rewrite_run_lists_its_kept_items_and_has_no_apply_counts(tmp_path, server):

@@ -213,8 +213,8 @@ class Asker:
         except Exception:  # a bug on these replies: a rerun must not replay them from the cache into it
             self.optimizer.forget(replies)
             raise
-        finally:
-            tally.latency_s = round(time.monotonic() - started, 3)
+        finally:  # a dry run or a refused request sent nothing: no latency to time
+            tally.latency_s = round(time.monotonic() - started, 3) if tally.call_log else 0.0
 
     def _usable(
         self, reply: Reply, group: str, ids: list[str], conversation: list[dict]
