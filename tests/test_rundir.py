@@ -185,8 +185,7 @@ def test_trace_records_keep_each_requests_latest_and_leave_damage_out(tmp_path):
     again = Replied("minibatch_fail_000", 0, [{"role": "user", "content": "café"}], reply, cost_usd=0.01,
                     ended_at=102.0)
     other = Replied("minibatch_fail_001", 0, [{"role": "user", "content": "b"}], reply, ended_at=103.0)
-    for event in (first, other, again):
-        append_trace(run_dir, trace_record(event))
+    offsets = [append_trace(run_dir, trace_record(event)) for event in (first, other, again)]
     with open(tmp_path / "traces.jsonl", "a") as handle:
         handle.write('{"tag": "minibatch_fail_002", "number": 0, "ended_at": 1}\n')  # no messages
         handle.write("[1, 2]\n")
@@ -196,3 +195,6 @@ def test_trace_records_keep_each_requests_latest_and_leave_damage_out(tmp_path):
     assert recorded_requests(records.of()) == [other, again]
     assert [r["tag"] for r in records.of()] == ["minibatch_fail_001", "minibatch_fail_000", "minibatch_fail_002"]
     assert TraceRecords(RunDir(tmp_path / "none")).of() == []
+    # each record where append_trace said it starts (the tracker reads a request from there)
+    assert recorded_requests(records.at(offsets[::-1])) == [again, other, first]
+    assert TraceRecords(RunDir(tmp_path / "none")).at(offsets) == []

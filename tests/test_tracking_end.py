@@ -400,12 +400,12 @@ def test_a_server_that_answers_slowly_holds_the_end_no_longer_than_the_deadline(
     assert len(traces) == 10
 
 
-def test_the_run_end_is_the_end_time_however_late_it_is_written(monkeypatch):
+def test_the_run_end_is_the_end_time_however_late_it_is_written(tmp_path):
     """After an outage the end is written at the catch-up moment: its time is the run's end."""
     from reflact.tracking.process import End
-    from tests.test_tracker_batches import Feed
+    from tests.test_tracker_batches import Feed, a_run_dir
 
-    feed = Feed()
+    feed = Feed(a_run_dir(tmp_path))
     feed.send(End(None, "FINISHED", "", 5.0, 1234))
     feed.thread.join(10)
     assert feed.tracker.mirror.ended_ms == 1234  # type: ignore[union-attr]

@@ -309,13 +309,15 @@ def _reply_damage(reply: object) -> str:
     return f"reply.{wrong} {shown(reply[wrong])} does not fit" if wrong else ""
 
 
-def append_trace(run_dir: RunDir, record: dict) -> None:
+def append_trace(run_dir: RunDir, record: dict) -> int:
     """One request's trace record, appended in one write (ASCII JSON: a lone surrogate in a
-    reply is escaped, never a failure). A line cut by a kill is skipped when read back."""
+    reply is escaped, never a failure); returns where its line starts. A line cut by a kill is
+    skipped when read back. One writer at a time (the run's tracking observer holds a lock)."""
     line = (json.dumps(record, separators=(",", ":")) + "\n").encode("ascii")
     fd = os.open(run_dir / TRACES, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
+        return os.lseek(fd, 0, os.SEEK_CUR) - len(line)
     finally:
         os.close(fd)
 
@@ -333,6 +335,15 @@ class TraceRecords:
         """The records of the minibatches `tags` (None: of all), in the order they were written."""
         at = self._index()
         offsets = sorted(offset for (tag, _), offset in at.items() if tags is None or tag in tags)
+        records = []
+        with contextlib.suppress(FileNotFoundError), open(self.path, "rb") as handle:
+            for offset in offsets:
+                handle.seek(offset)
+                records.append(_trace_record(handle.readline()))
+        return [record for record in records if record is not None]
+
+    def at(self, offsets: list[int]) -> list[dict]:
+        """The records whose lines start at `offsets` (as append_trace returned them), in that order."""
         records = []
         with contextlib.suppress(FileNotFoundError), open(self.path, "rb") as handle:
             for offset in offsets:

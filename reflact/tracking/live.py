@@ -27,7 +27,7 @@ import time
 from reflact.running.events import BatchNoted, CallStarted, MinibatchEnded, Replied
 from reflact.running.rundir import append_trace, trace_record
 from reflact.tracking import process
-from reflact.tracking.process import End, Opening, RunContext, SpareTracker, Start
+from reflact.tracking.process import End, Opening, Recorded, RunContext, SpareTracker, Start
 from reflact.tracking.store import now_ms, tracking_uri
 
 log = logging.getLogger("reflact")
@@ -72,8 +72,9 @@ class LiveRun:
         elif isinstance(event, Replied):
             if not self.context.mlflow.trace_calls:
                 return  # its messages are only needed for a trace
-            with self._lock:  # the run dir's record of the trace first: relog rebuilds it from there
-                append_trace(self.context.run_dir, trace_record(event))
+            with self._lock:  # the run dir's record of the trace first: relog and the tracker read it there
+                offset = append_trace(self.context.run_dir, trace_record(event))
+            event = Recorded(event.tag, event.number, offset)
         self._tracker.outbox.put(event)
         if isinstance(event, (CallStarted, BatchNoted)) and not self._tracker.started:  # a batch: RUNNING as it waits
             self._tracker.start(FIRST_REQUESTS_S)

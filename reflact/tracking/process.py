@@ -64,6 +64,17 @@ class Start:
 
 
 @dataclass(frozen=True)
+class Recorded:
+    """A request ended, its trace record written at `offset` of the run dir's traces.jsonl before
+    this is sent: the tracker reads it from there when it traces it, so neither the pipe nor a
+    tracker that falls behind holds the request's messages and reply."""
+
+    tag: str
+    number: int
+    offset: int
+
+
+@dataclass(frozen=True)
 class End:
     summary: dict | None  # None when the run was stopped before its summary
     status: str

@@ -40,7 +40,7 @@ from reflact.core.text import one_line
 from reflact.running.events import MinibatchEnded, Planned, Replied
 from reflact.running.rundir import TraceRecords, recorded_requests
 from reflact.tracking.mirror import Batch, Mirror
-from reflact.tracking.process import End, Opening, RunContext, Start
+from reflact.tracking.process import End, Opening, Recorded, RunContext, Start
 from reflact.tracking.sqlite import first_use, sqlite_path
 from reflact.tracking.store import Store, mlflow_defaults, mlflow_globals_at, traced_requests
 
@@ -90,20 +90,20 @@ class Tracker:
     mirror: Mirror | None = None
     pending: list = field(default_factory=list)  # events not written yet (traces excepted)
     unwritten: Batch = field(default_factory=Batch)  # the pending events' metrics and files, once counted
-    # the requests not traced yet: a traced one is dropped (its record stays in the run dir's
-    # traces.jsonl), so a long run does not hold every prompt it sent
-    replied: list = field(default_factory=list)
+    # the requests not traced yet, each where its record is in the run dir's traces.jsonl: their
+    # messages are read from there when traced, so a tracker behind the run holds none of them
+    recorded: list[Recorded] = field(default_factory=list)
     traced: set = field(default_factory=set)  # (tag, number) sent as traces
     reused: set = field(default_factory=set)  # reused minibatches whose recorded requests are still to trace
-    records: TraceRecords | None = None  # the run dir's trace records, read once a minibatch is reused
+    records: TraceRecords | None = None  # the run dir's trace records
     backoff: Backoff = field(default_factory=Backoff)
     planned: int | None = None  # the plan's minibatches, once known
     settled: int = 0
     over_at: float | None = None  # monotonic: when the last planned minibatch settled
 
     def add(self, event) -> None:
-        if isinstance(event, Replied):
-            self.replied.append(event)
+        if isinstance(event, Recorded):
+            self.recorded.append(event)
             return
         self.pending.append(event)
         if isinstance(event, Planned):
@@ -140,11 +140,10 @@ class Tracker:
             self.send({"run_id": run_id})
             self.mirror = mirror
         if self.context.mlflow.trace_calls:
-            self._recall_reused()
-            new = [event for event in self.replied if (event.tag, event.number) not in self.traced]
+            new = self._untraced()
             self.mirror.store.traces(new, self.context.optimizer.model)
             self.traced.update((event.tag, event.number) for event in new)
-            self.replied = []
+            self.recorded, self.reused = [], set()
         if self.pending:
             self.unwritten.extend(self.mirror.batch(self.pending))
             self.pending = []
@@ -152,13 +151,17 @@ class Tracker:
             self.mirror.log(self.unwritten)
             self.unwritten = Batch()
 
-    def _recall_reused(self) -> None:
-        """The requests that made the reused minibatches' patches, from the run dir's trace records:
-        the MLflow run this one replaces held their traces, and relog would write them too."""
+    def _untraced(self) -> list[Replied]:
+        """The requests to trace, read from the run dir's trace records: the new ones, and those that
+        made the reused minibatches' patches (the MLflow run this one replaces held their traces,
+        and relog would write them too)."""
+        self.records = self.records or TraceRecords(self.context.run_dir)
+        fresh = [r for r in self.recorded if (r.tag, r.number) not in self.traced]
+        records = self.records.at([r.offset for r in fresh])
         if self.reused:
-            self.records = self.records or TraceRecords(self.context.run_dir)
-            self.replied += recorded_requests(self.records.of(self.reused))
-            self.reused = set()
+            records += self.records.of(self.reused)
+        events = recorded_requests(records, self.records.path)
+        return [event for event in events if (event.tag, event.number) not in self.traced]
 
     def attempt(self) -> bool:
         """One try at writing what is queued, when the backoff allows; whether it all went."""
